@@ -1,0 +1,58 @@
+/* tap.h - a minimal TAP producer for the C unit tests (run by prove).
+ *
+ *   ok(cond, "name %d", i);      one test point
+ *   diag("...");                 a comment line
+ *   return tap_done();           prints the plan, returns the exit code
+ */
+#ifndef STRATA_TAP_H
+#define STRATA_TAP_H
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+static int tap_n, tap_failed;
+
+__attribute__((format(printf, 2, 3), unused))
+static int ok(int cond, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%sok %d - ", cond ? "" : "not ", ++tap_n);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+    if (!cond)
+        tap_failed++;
+    return cond;
+}
+
+__attribute__((format(printf, 1, 2), unused))
+static void diag(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("# ");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    fflush(stdout);
+}
+
+__attribute__((unused))
+static int tap_done(void)
+{
+    printf("1..%d\n", tap_n);
+    return tap_failed ? 1 : 0;
+}
+
+/* Fixture directory: $STRATA_FIXTURES or ../shared/fixtures. */
+__attribute__((unused))
+static const char *tap_fixtures(void)
+{
+    const char *f = getenv("STRATA_FIXTURES");
+    return f && *f ? f : "../shared/fixtures";
+}
+
+#endif
