@@ -11,13 +11,16 @@
 # Modules add their own rules in mk/*.mk.
 
 CC       ?= cc
+# B: build directory (separate ones let builds run side by side); BINDIR: release programs
+B        ?= build
+BINDIR   ?= bin
 PROVE    ?= prove
 FIXTURES ?= $(abspath ../shared/fixtures)
 export STRATA_FIXTURES ?= $(FIXTURES)
 
 WARN     := -Wall -Wextra -Werror
 CSTD     := -std=c11 -D_GNU_SOURCE
-INCS     := -Ilib -Ibuild/gen
+INCS     := -Ilib -I$(B)/gen
 LIBS     := -lcjson -lpcre2-8 -lutf8proc -lcurl -lmicrohttpd -lcrypto -lz -lpthread -lm -ldl
 
 REL_CFLAGS  := $(CSTD) $(WARN) -O2 -g $(INCS)
@@ -30,11 +33,11 @@ UNIT_SRCS := $(sort $(wildcard tests/unit/test_*.c))
 PROGS     := $(patsubst cmd/%.c,%,$(CMD_SRCS))
 GEN_HDRS  :=
 
-REL_OBJS  := $(patsubst lib/%.c,build/rel/lib/%.o,$(LIB_SRCS))
-ASAN_OBJS := $(patsubst lib/%.c,build/asan/lib/%.o,$(LIB_SRCS))
+REL_OBJS  := $(patsubst lib/%.c,$(B)/rel/lib/%.o,$(LIB_SRCS))
+ASAN_OBJS := $(patsubst lib/%.c,$(B)/asan/lib/%.o,$(LIB_SRCS))
 
 .PHONY: all check demo fuzz bench cuda hip clean deps test-unit test-shell check-kernels
-all: deps-quiet build/rel/libstrata.a $(addprefix bin/,$(PROGS))
+all: deps-quiet $(B)/rel/libstrata.a $(addprefix $(BINDIR)/,$(PROGS))
 
 -include mk/*.mk
 
@@ -44,35 +47,35 @@ deps:
 deps-quiet:
 	@scripts/deps.sh --quiet
 
-build/rel/lib/%.o: lib/%.c $(GEN_HDRS) | build/rel/lib
+$(B)/rel/lib/%.o: lib/%.c $(GEN_HDRS) | $(B)/rel/lib
 	$(CC) $(REL_CFLAGS) $(CFLAGS_$(notdir $*)) -MMD -MP -c $< -o $@
-build/asan/lib/%.o: lib/%.c $(GEN_HDRS) | build/asan/lib
+$(B)/asan/lib/%.o: lib/%.c $(GEN_HDRS) | $(B)/asan/lib
 	$(CC) $(ASAN_CFLAGS) $(CFLAGS_$(notdir $*)) -MMD -MP -c $< -o $@
 
-build/rel/libstrata.a: $(REL_OBJS)
+$(B)/rel/libstrata.a: $(REL_OBJS)
 	rm -f $@ && ar rcs $@ $^
-build/asan/libstrata.a: $(ASAN_OBJS)
+$(B)/asan/libstrata.a: $(ASAN_OBJS)
 	rm -f $@ && ar rcs $@ $^
 
-bin/%: cmd/%.c build/rel/libstrata.a | bin
-	$(CC) $(REL_CFLAGS) $< -o $@ build/rel/libstrata.a $(LIBS)
-build/asan/bin/%: cmd/%.c build/asan/libstrata.a | build/asan/bin
-	$(CC) $(ASAN_CFLAGS) $< -o $@ build/asan/libstrata.a $(LIBS)
-build/asan/tests/%: tests/unit/%.c tests/tap.h build/asan/libstrata.a | build/asan/tests
-	$(CC) $(ASAN_CFLAGS) -Itests $< -o $@ build/asan/libstrata.a $(LIBS)
+$(BINDIR)/%: cmd/%.c $(B)/rel/libstrata.a | $(BINDIR)
+	$(CC) $(REL_CFLAGS) $< -o $@ $(B)/rel/libstrata.a $(LIBS)
+$(B)/asan/bin/%: cmd/%.c $(B)/asan/libstrata.a | $(B)/asan/bin
+	$(CC) $(ASAN_CFLAGS) $< -o $@ $(B)/asan/libstrata.a $(LIBS)
+$(B)/asan/tests/%: tests/unit/%.c tests/tap.h $(B)/asan/libstrata.a | $(B)/asan/tests
+	$(CC) $(ASAN_CFLAGS) -Itests $< -o $@ $(B)/asan/libstrata.a $(LIBS)
 
-build/rel/lib build/asan/lib build/asan/bin build/asan/tests build/gen bin:
+$(B)/rel/lib $(B)/asan/lib $(B)/asan/bin $(B)/asan/tests $(B)/gen $(BINDIR):
 	mkdir -p $@
 
-UNIT_BINS := $(patsubst tests/unit/%.c,build/asan/tests/%,$(UNIT_SRCS))
-ASAN_PROGS := $(addprefix build/asan/bin/,$(PROGS))
+UNIT_BINS := $(patsubst tests/unit/%.c,$(B)/asan/tests/%,$(UNIT_SRCS))
+ASAN_PROGS := $(addprefix $(B)/asan/bin/,$(PROGS))
 
 # Every test: unit tests (TAP executables) and shell tests (tests/t*.sh),
 # run by prove against the sanitized build.
 export ASAN_OPTIONS := detect_leaks=1:abort_on_error=0:allocator_may_return_null=1
 export UBSAN_OPTIONS := print_stacktrace=1
-check: deps build/asan/libstrata.a $(UNIT_BINS) $(ASAN_PROGS) check-kernels
-	STRATA_BIN=$(abspath build/asan/bin) STRATA_ROOT=$(CURDIR) \
+check: deps $(B)/asan/libstrata.a $(UNIT_BINS) $(ASAN_PROGS) check-kernels
+	STRATA_BIN=$(abspath $(B)/asan/bin) STRATA_ROOT=$(CURDIR) \
 	    $(PROVE) -j2 $(UNIT_BINS) $(sort $(wildcard tests/t[0-9]*.sh))
 
 check-kernels::
