@@ -1,0 +1,162 @@
+/* engine.h - run a model: evaluate batches of consecutive positions into the
+ * kv cache and return logits; roll the kv cache back.
+ *
+ * An engine owns one model (opened from a GGUF path, or an already-open GGUF),
+ * one kv cache of n_ctx positions, a worker pool and one backend.  Every batch
+ * of consecutive positions goes through the same forward pass: a prompt
+ * (split into chunks of n_prefill tokens), a single decode token, or a
+ * speculative verify window.  The logits of a position are bitwise identical
+ * whether it was computed alone or inside a batch (of any size, on the CPU
+ * backend, for a fixed thread count) - speculative decoding relies on it.
+ *
+ * The engine remembers the token ids whose keys/values are in the kv cache
+ * (its history), so a caller can reuse a common prefix: roll back to the
+ * prefix length and evaluate only the rest.
+ *
+ * Not thread-safe: one caller at a time per engine.
+ */
+#ifndef STRATA_ENGINE_H
+#define STRATA_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+struct strata_gguf;
+struct strata_model;
+struct strata_pool;
+
+enum strata_kv_type {
+    STRATA_KV_F16 = 0, /* default, as llama.cpp */
+    STRATA_KV_F32 = 1,
+};
+
+struct strata_engine_opts {
+    int n_threads;           /* worker threads; <= 0: the number of online CPUs */
+    int n_ctx;               /* kv cache positions; <= 0: min(n_ctx_train, 4096) */
+    int n_prefill;           /* positions per forward call (ubatch); <= 0: 512 */
+    int kv_type;             /* enum strata_kv_type */
+    const char *backend;     /* "cpu", "auto", or a GPU backend's name; NULL = "cpu" */
+    int device;              /* GPU ordinal for GPU backends; -1 = default */
+    const struct strata_backend_ops *backend_ops; /* overrides backend when non-NULL */
+    void *backend_cfg;       /* backend-specific options (e.g. expert cache), opaque here */
+};
+
+/* Fill o with the defaults above. */
+void strata_engine_opts_init(struct strata_engine_opts *o);
+
+/* Which rows of logits a forward call returns. */
+enum strata_logits_mode {
+    STRATA_LOGITS_NONE = 0, /* none (prefill chunks before the last) */
+    STRATA_LOGITS_LAST = 1, /* the last position of the batch only */
+    STRATA_LOGITS_ALL = 2,  /* every position: [n_tok, n_vocab] */
+};
+
+/* A batch of n_tok consecutive positions pos0 .. pos0+n_tok-1. */
+struct strata_batch {
+    int32_t n_tok;
+    const int32_t *ids; /* [n_tok] token ids; NULL when embd is used */
+    const float *embd;  /* [n_tok, n_embd] input embeddings (image tokens), or NULL */
+    int32_t pos0;       /* position of the first token; the kv cache holds 0..pos0-1 */
+    int logits;         /* enum strata_logits_mode */
+};
+
+/* ---- backend interface ----
+ *
+ * A backend implements the forward pass of a struct strata_model.  The engine
+ * validates batches (ids in range, pos0 + n_tok <= n_ctx, n_tok <= n_prefill)
+ * before calling forward, so backends may assume them.  All functions return
+ * 0 or an error code with err filled (naming the kernel/tensor at fault); a
+ * failed forward leaves the kv cache valid for positions < pos0.
+ */
+struct strata_backend_ops {
+    const char *name; /* "cpu", "cuda", "hip" */
+
+    /* Create the backend's state for model m (weights upload, kv cache of
+     * o->n_ctx positions, scratch for o->n_prefill positions).  pool is the
+     * engine's CPU worker pool (may be used by a GPU backend for CPU experts).
+     * *state is freed with free().  Errors: STRATA_E_NOMEM, STRATA_E_GPU,
+     * STRATA_E_UNSUPPORTED (a tensor type the backend cannot run; names it). */
+    int (*init)(void **state, const struct strata_model *m,
+                const struct strata_engine_opts *o, struct strata_pool *pool,
+                struct strata_err *err);
+    void (*free)(void *state);
+
+    /* Evaluate batch b: write keys/values of its positions to the kv cache,
+     * attend causally over positions 0 .. pos0 + i, and write logits per
+     * b->logits to logits ([1 or n_tok, n_vocab] float32; NULL with
+     * STRATA_LOGITS_NONE). */
+    int (*forward)(void *state, const struct strata_batch *b, float *logits,
+                   struct strata_err *err);
+
+    /* Forget the kv cache from position n_past on (the next batch starts
+     * there).  May be a no-op for backends that overwrite in place. */
+    int (*kv_rollback)(void *state, int32_t n_past, struct strata_err *err);
+};
+
+/* The CPU backend (always available). */
+extern const struct strata_backend_ops strata_backend_cpu_ops;
+
+/* The backend named name ("cpu"; "auto" = the first GPU backend compiled in
+ * whose device works, else cpu).  GPU builds define STRATA_WITH_GPU and
+ * provide strata_backend_gpu_ops.  Errors: STRATA_E_UNSUPPORTED (unknown
+ * name, or a GPU backend in a build without one; names it). */
+int strata_engine_find_backend(const char *name, const struct strata_backend_ops **out,
+                               struct strata_err *err);
+
+struct strata_engine;
+
+/* Open the GGUF model at path and create an engine for it.  o NULL = defaults.
+ * *out is owned by the caller (strata_engine_close).  Errors: those of
+ * strata_gguf_open (STRATA_E_IO, STRATA_E_FORMAT, ...), strata_model_load
+ * (STRATA_E_NOTFOUND naming a missing key/tensor, STRATA_E_UNSUPPORTED),
+ * STRATA_E_INVALID (bad option: names it), STRATA_E_NOMEM, backend errors. */
+int strata_engine_open(struct strata_engine **out, const char *path,
+                       const struct strata_engine_opts *o, struct strata_err *err);
+
+/* The same on an already-open GGUF (not owned; must outlive the engine). */
+int strata_engine_open_gguf(struct strata_engine **out, const struct strata_gguf *g,
+                            const struct strata_engine_opts *o, struct strata_err *err);
+
+/* NULL is accepted. */
+void strata_engine_close(struct strata_engine *e);
+
+const struct strata_model *strata_engine_model(const struct strata_engine *e);
+const struct strata_gguf *strata_engine_gguf(const struct strata_engine *e);
+struct strata_pool *strata_engine_pool(const struct strata_engine *e);
+const char *strata_engine_backend_name(const struct strata_engine *e);
+int32_t strata_engine_n_vocab(const struct strata_engine *e);
+int32_t strata_engine_n_ctx(const struct strata_engine *e);
+int32_t strata_engine_n_prefill(const struct strata_engine *e);
+int strata_engine_n_threads(const struct strata_engine *e);
+
+/* Positions now in the kv cache, and their token ids ([n_past]; an image
+ * position records -1).  The pointer is valid until the next eval/rollback. */
+int32_t strata_engine_n_past(const struct strata_engine *e);
+const int32_t *strata_engine_history(const struct strata_engine *e);
+
+/* Evaluate n_tok token ids at positions n_past .. n_past + n_tok - 1 (split
+ * into forward calls of at most n_prefill positions) and append them to the
+ * kv cache.  logits: per mode, [1, n_vocab] (the last position) or
+ * [n_tok, n_vocab] (every position), float32, caller-owned; may be NULL with
+ * STRATA_LOGITS_NONE.  Errors: STRATA_E_INVALID (n_tok < 1, an id outside
+ * 0..n_vocab-1: names it), STRATA_E_LIMIT (n_past + n_tok > n_ctx: says both),
+ * backend errors.  On error the kv cache keeps its old n_past. */
+int strata_engine_eval(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
+                       int logits_mode, float *logits, struct strata_err *err);
+
+/* The same with input embeddings [n_tok, n_embd] instead of ids (image
+ * tokens spliced into the prompt); history records -1 for them. */
+int strata_engine_eval_embd(struct strata_engine *e, const float *embd, int32_t n_tok,
+                            int logits_mode, float *logits, struct strata_err *err);
+
+/* Roll the kv cache back to n_past positions (0 <= n_past <= current n_past).
+ * Errors: STRATA_E_INVALID (n_past out of range), backend errors. */
+int strata_engine_rollback(struct strata_engine *e, int32_t n_past, struct strata_err *err);
+
+/* Length of the common prefix of the history and ids[0..n). */
+int32_t strata_engine_common_prefix(const struct strata_engine *e, const int32_t *ids,
+                                    int32_t n);
+
+#endif
