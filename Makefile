@@ -21,7 +21,7 @@ export STRATA_FIXTURES ?= $(FIXTURES)
 WARN     := -Wall -Wextra -Werror
 CSTD     := -std=c11 -D_GNU_SOURCE
 INCS     := -Ilib -I$(B)/gen
-LIBS     := -lcjson -lpcre2-8 -lutf8proc -lcurl -lmicrohttpd -lcrypto -lz -lpthread -lm -ldl
+LIBS     := -lstb -lcjson -lpcre2-8 -lutf8proc -lcurl -lmicrohttpd -lcrypto -lz -lpthread -lm -ldl
 
 REL_CFLAGS  := $(CSTD) $(WARN) -O2 -g $(INCS)
 ASAN_CFLAGS := $(CSTD) $(WARN) -O1 -g -fno-omit-frame-pointer \
