@@ -55,7 +55,7 @@ struct strata_sampler;
 
 /* Create a sampler for a vocabulary of n_vocab logits.  *out is owned by the
  * caller (strata_sampler_free).  Errors: STRATA_E_INVALID (n_vocab < 1,
- * top_p outside (0,1], min_p outside [0,1], negative penalties;
+ * top_p or min_p outside [0,1], repeat_penalty <= 0, non-finite values;
  * names the field), STRATA_E_NOMEM. */
 int strata_sampler_create(struct strata_sampler **out, const struct strata_sampler_params *p,
                           int32_t n_vocab, struct strata_err *err);

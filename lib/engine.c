@@ -1,0 +1,1015 @@
+/* engine.c - the engine object and the CPU backend's forward pass. */
+#include "engine.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define HAVE_X86 1
+#endif
+
+#include "ggml_types.h"
+#include "gguf.h"
+#include "log.h"
+#include "matmul.h"
+#include "model.h"
+#include "pool.h"
+#include "quant.h"
+
+/* ------------------------------------------------------------------------ */
+/* small helpers                                                            */
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* A norm/bias vector (F32, F16 or BF16) as float32. */
+static void vec_to_f32(const struct strata_weight *w, float *dst, int64_t n)
+{
+    strata_quant_dequant_row(w->type, w->data, dst, n);
+}
+
+static struct strata_mat mat_of(const struct strata_weight *w, int64_t expert)
+{
+    struct strata_mat m;
+    m.type = w->type;
+    m.ne0 = w->ne[0];
+    m.ne1 = w->ne[1];
+    m.nb1 = w->nb1;
+    m.data = (const char *)w->data + (size_t)expert * w->nb2;
+    return m;
+}
+
+/* y = x / sqrt(mean(x^2) + eps) * g, as llama.cpp's rms_norm (sum in double
+ * would differ from the references only in the last bits; float is what
+ * both HF in float32 and ggml use, ggml accumulating in ggml_float=double). */
+static void rms_norm(const float *x, const float *g, float *y, int64_t n, float eps)
+{
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++)
+        sum += (double)x[i] * x[i];
+    const float scale = (float)(1.0 / sqrt(sum / (double)n + eps));
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] * scale * g[i];
+}
+
+static float silu(float x)
+{
+    return x / (1.0f + expf(-x));
+}
+
+/* ------------------------------------------------------------------------ */
+/* CPU backend                                                              */
+
+/* Profile counters (ms), printed at close when STRATA_PROFILE is set. */
+enum { PROF_EMBD, PROF_QKV, PROF_ATTN, PROF_WO, PROF_FFN, PROF_ROUTER, PROF_EXPERTS,
+       PROF_OUT, PROF_N };
+static const char *const prof_names[PROF_N] = {
+    "embed", "qkv", "attention", "attn_output", "dense_ffn", "router", "experts", "output"
+};
+
+struct cpu_state {
+    const struct strata_model *m;
+    struct strata_pool *pool;
+    int n_ctx, n_ub, kv_f16, n_threads;
+    size_t kv_elt;      /* bytes per kv element */
+    int64_t n_kv_k;     /* n_head_kv * n_embd_head_k */
+    int64_t n_kv_v;
+    void **k_cache;     /* [n_layer] -> [n_ctx, n_kv_k] */
+    void **v_cache;     /* [n_layer] -> [n_ctx, n_kv_v] */
+    float *rope_cs;     /* [n_ctx, n_rot/2, 2] cos, sin */
+    /* per-layer norm vectors as float */
+    float **attn_norm, **ffn_norm, **q_norm, **k_norm, **bq, **bk, **bv, **shexp_gate;
+    float *out_norm;
+    /* scratch, sized for n_ub positions */
+    float *x, *cur, *q, *k, *v, *att, *tmp, *gate, *up;
+    float *router;      /* [n_ub, n_expert] */
+    int32_t *sel;       /* [n_ub, n_expert_used] */
+    float *selw;        /* [n_ub, n_expert_used] */
+    int32_t *elist;     /* [n_ub * n_expert_used] (t * K + slot) grouped by expert */
+    int32_t *ecount;    /* [n_expert + 1] offsets */
+    float *xe, *ge, *ue, *ye; /* gathered expert rows */
+    float *eout;        /* [n_ub, K, n_embd] expert outputs per slot */
+    float *scores;      /* [n_threads, n_ctx] */
+    int profile;
+    double prof[PROF_N];
+    long prof_tok;
+};
+
+static void cpu_free(void *state)
+{
+    struct cpu_state *s = state;
+    if (!s)
+        return;
+    if (s->profile && s->prof_tok) {
+        double tot = 0;
+        for (int i = 0; i < PROF_N; i++)
+            tot += s->prof[i];
+        strata_log_info("cpu profile over %ld positions: %.1f ms", s->prof_tok, tot);
+        for (int i = 0; i < PROF_N; i++)
+            strata_log_info("  %-12s %8.2f ms  %5.1f%%", prof_names[i], s->prof[i],
+                            tot > 0 ? 100 * s->prof[i] / tot : 0);
+    }
+    uint32_t nl = s->m ? s->m->hp.n_layer : 0;
+    for (uint32_t i = 0; i < nl; i++) {
+        if (s->k_cache)
+            free(s->k_cache[i]);
+        if (s->v_cache)
+            free(s->v_cache[i]);
+        if (s->attn_norm)
+            free(s->attn_norm[i]);
+        if (s->ffn_norm)
+            free(s->ffn_norm[i]);
+        if (s->q_norm)
+            free(s->q_norm[i]);
+        if (s->k_norm)
+            free(s->k_norm[i]);
+        if (s->bq)
+            free(s->bq[i]);
+        if (s->bk)
+            free(s->bk[i]);
+        if (s->bv)
+            free(s->bv[i]);
+        if (s->shexp_gate)
+            free(s->shexp_gate[i]);
+    }
+    free(s->k_cache); free(s->v_cache); free(s->attn_norm); free(s->ffn_norm);
+    free(s->q_norm); free(s->k_norm); free(s->bq); free(s->bk); free(s->bv);
+    free(s->shexp_gate); free(s->out_norm); free(s->rope_cs);
+    free(s->x); free(s->cur); free(s->q); free(s->k); free(s->v); free(s->att);
+    free(s->tmp); free(s->gate); free(s->up); free(s->router); free(s->sel); free(s->selw);
+    free(s->elist); free(s->ecount); free(s->xe); free(s->ge); free(s->ue); free(s->ye);
+    free(s->eout); free(s->scores);
+    free(s);
+}
+
+/* ggml's YaRN helpers (ggml/src/ggml.c: ggml_rope_yarn_corr_dims and
+ * rope_yarn_ramp; the formula is from the YaRN paper, arXiv:2309.00071). */
+static float yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base)
+{
+    return n_dims * logf(n_ctx_orig / (n_rot * 2 * (float)M_PI)) / (2 * logf(base));
+}
+
+static float yarn_ramp(float low, float high, int i0)
+{
+    float y = (i0 / 2 - low) / fmaxf(0.001f, high - low);
+    return 1 - fminf(1, fmaxf(0, y));
+}
+
+/* cos/sin of every (position, dim pair), as ggml's rope with YaRN does. */
+static void rope_table(struct cpu_state *s)
+{
+    const struct strata_hparams *hp = &s->m->hp;
+    const int n_dims = (int)hp->n_rot;
+    const float base = hp->rope_freq_base, fs = hp->rope_freq_scale;
+    const float ext = hp->yarn_ext_factor;
+    float corr0 = 0, corr1 = 0;
+    float mscale = hp->yarn_attn_factor;
+    if (ext != 0) {
+        int n_orig = hp->n_ctx_orig_yarn ? (int)hp->n_ctx_orig_yarn : (int)hp->n_ctx_train;
+        corr0 = fmaxf(0, floorf(yarn_corr_dim(n_dims, n_orig, hp->yarn_beta_fast, base)));
+        corr1 = fminf(n_dims - 1, ceilf(yarn_corr_dim(n_dims, n_orig, hp->yarn_beta_slow, base)));
+        mscale *= 1.0f + 0.1f * logf(1.0f / fs);
+    }
+    for (int p = 0; p < s->n_ctx; p++) {
+        float *cs = s->rope_cs + (size_t)p * n_dims;
+        for (int i0 = 0; i0 < n_dims; i0 += 2) {
+            /* theta = p * base^(-i0/n_dims), computed in double */
+            double th_extrap = p * pow((double)base, -(double)i0 / n_dims);
+            double th = fs * th_extrap;
+            if (ext != 0) {
+                double mix = yarn_ramp(corr0, corr1, i0) * ext;
+                th = th * (1 - mix) + th_extrap * mix;
+            }
+            cs[i0] = (float)cos(th) * mscale;
+            cs[i0 + 1] = (float)sin(th) * mscale;
+        }
+    }
+}
+
+/* Rotate one head of n_head_dim values at position pos. */
+static void rope_apply(const struct cpu_state *s, float *x, int pos)
+{
+    const int n_dims = (int)s->m->hp.n_rot;
+    const float *cs = s->rope_cs + (size_t)pos * n_dims;
+    if (s->m->hp.rope_type == STRATA_ROPE_NEOX) {
+        const int half = n_dims / 2;
+        for (int i = 0; i < half; i++) {
+            float c = cs[2 * i], sn = cs[2 * i + 1];
+            float a = x[i], b = x[i + half];
+            x[i] = a * c - b * sn;
+            x[i + half] = a * sn + b * c;
+        }
+    } else {
+        for (int i0 = 0; i0 < n_dims; i0 += 2) {
+            float c = cs[i0], sn = cs[i0 + 1];
+            float a = x[i0], b = x[i0 + 1];
+            x[i0] = a * c - b * sn;
+            x[i0 + 1] = a * sn + b * c;
+        }
+    }
+}
+
+#define ALLOC(p, n)                                                             \
+    do {                                                                        \
+        size_t n__ = (size_t)(n);                                               \
+        (p) = calloc(n__ ? n__ : 1, sizeof *(p));                               \
+        if (!(p)) {                                                             \
+            rc = strata_err_set(err, STRATA_E_NOMEM,                            \
+                                "cannot allocate %zu bytes for the cpu backend", \
+                                n__ * sizeof *(p));                             \
+            goto out;                                                           \
+        }                                                                       \
+    } while (0)
+
+static int cpu_init(void **state, const struct strata_model *m,
+                    const struct strata_engine_opts *o, struct strata_pool *pool,
+                    struct strata_err *err)
+{
+    struct cpu_state *s = NULL;
+    int rc = 0;
+    *state = NULL;
+    s = calloc(1, sizeof *s);
+    if (!s)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    s->m = m;
+    s->pool = pool;
+    s->n_threads = strata_pool_n_threads(pool);
+    s->n_ctx = o->n_ctx;
+    s->n_ub = o->n_prefill;
+    s->kv_f16 = o->kv_type == STRATA_KV_F16;
+    s->kv_elt = s->kv_f16 ? 2 : 4;
+    const char *pe = getenv("STRATA_PROFILE");
+    s->profile = pe && *pe && strcmp(pe, "0") != 0;
+    const struct strata_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, T = s->n_ub, L = hp->n_layer;
+    s->n_kv_k = (int64_t)hp->n_head_kv * hp->n_embd_head_k;
+    s->n_kv_v = (int64_t)hp->n_head_kv * hp->n_embd_head_v;
+    const int64_t qd = (int64_t)hp->n_head * hp->n_embd_head_k;
+    const int64_t od = (int64_t)hp->n_head * hp->n_embd_head_v;
+    int64_t ff = hp->n_ff;
+    if (hp->n_ff_exp > ff)
+        ff = hp->n_ff_exp;
+    if (hp->n_ff_shexp > ff)
+        ff = hp->n_ff_shexp;
+    const int64_t K = hp->n_expert_used ? hp->n_expert_used : 1;
+    const int64_t X = hp->n_expert;
+
+    ALLOC(s->k_cache, L); ALLOC(s->v_cache, L);
+    ALLOC(s->attn_norm, L); ALLOC(s->ffn_norm, L); ALLOC(s->q_norm, L); ALLOC(s->k_norm, L);
+    ALLOC(s->bq, L); ALLOC(s->bk, L); ALLOC(s->bv, L); ALLOC(s->shexp_gate, L);
+    for (int64_t il = 0; il < L; il++) {
+        const struct strata_layer *ly = &m->layers[il];
+        s->k_cache[il] = calloc((size_t)s->n_ctx * s->n_kv_k, s->kv_elt);
+        s->v_cache[il] = calloc((size_t)s->n_ctx * s->n_kv_v, s->kv_elt);
+        if (!s->k_cache[il] || !s->v_cache[il]) {
+            rc = strata_err_set(err, STRATA_E_NOMEM, "cannot allocate the kv cache (%d "
+                                "positions, %lld layers)", s->n_ctx, (long long)L);
+            goto out;
+        }
+        ALLOC(s->attn_norm[il], E);
+        vec_to_f32(&ly->attn_norm, s->attn_norm[il], E);
+        ALLOC(s->ffn_norm[il], E);
+        vec_to_f32(&ly->ffn_norm, s->ffn_norm[il], E);
+        if (ly->attn_q_norm.data) {
+            ALLOC(s->q_norm[il], hp->n_embd_head_k);
+            vec_to_f32(&ly->attn_q_norm, s->q_norm[il], hp->n_embd_head_k);
+            ALLOC(s->k_norm[il], hp->n_embd_head_k);
+            vec_to_f32(&ly->attn_k_norm, s->k_norm[il], hp->n_embd_head_k);
+        }
+        if (ly->bq.data) {
+            ALLOC(s->bq[il], qd);
+            vec_to_f32(&ly->bq, s->bq[il], qd);
+        }
+        if (ly->bk.data) {
+            ALLOC(s->bk[il], s->n_kv_k);
+            vec_to_f32(&ly->bk, s->bk[il], s->n_kv_k);
+        }
+        if (ly->bv.data) {
+            ALLOC(s->bv[il], s->n_kv_v);
+            vec_to_f32(&ly->bv, s->bv[il], s->n_kv_v);
+        }
+        if (ly->ffn_gate_inp_shexp.data) {
+            ALLOC(s->shexp_gate[il], E);
+            vec_to_f32(&ly->ffn_gate_inp_shexp, s->shexp_gate[il], E);
+        }
+    }
+    ALLOC(s->out_norm, E);
+    vec_to_f32(&m->output_norm, s->out_norm, E);
+    ALLOC(s->rope_cs, (size_t)s->n_ctx * hp->n_rot);
+    rope_table(s);
+    ALLOC(s->x, T * E); ALLOC(s->cur, T * E); ALLOC(s->tmp, T * E);
+    ALLOC(s->q, T * qd); ALLOC(s->k, T * s->n_kv_k); ALLOC(s->v, T * s->n_kv_v);
+    ALLOC(s->att, T * od);
+    ALLOC(s->gate, T * ff); ALLOC(s->up, T * ff);
+    if (X) {
+        ALLOC(s->router, T * X); ALLOC(s->sel, T * K); ALLOC(s->selw, T * K);
+        ALLOC(s->elist, T * K); ALLOC(s->ecount, X + 1);
+        ALLOC(s->xe, T * E); ALLOC(s->ge, T * ff); ALLOC(s->ue, T * ff); ALLOC(s->ye, T * E);
+        ALLOC(s->eout, T * K * E);
+    }
+    ALLOC(s->scores, (size_t)s->n_threads * s->n_ctx);
+    *state = s;
+    s = NULL;
+out:
+    cpu_free(s);
+    return rc;
+}
+
+/* ---- attention ---- */
+
+static float dot_f32(const float *a, const float *b, int n)
+{
+    float s = 0;
+    for (int i = 0; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+#ifdef HAVE_X86
+__attribute__((target("avx2,fma,f16c")))
+static float dot_f16_avx2(const float *a, const uint16_t *b, int n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 vb = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i)));
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), vb, acc);
+    }
+    __m128 lo = _mm256_castps256_ps128(acc), hi = _mm256_extractf128_ps(acc, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_hadd_ps(lo, lo);
+    lo = _mm_hadd_ps(lo, lo);
+    float s = _mm_cvtss_f32(lo);
+    for (; i < n; i++)
+        s += a[i] * strata_f16_to_f32(b[i]);
+    return s;
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 vx = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i)));
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, vx, _mm256_loadu_ps(y + i)));
+    }
+    for (; i < n; i++)
+        y[i] += a * strata_f16_to_f32(x[i]);
+}
+
+__attribute__((target("avx2,fma")))
+static float dot_f32_avx2(const float *a, const float *b, int n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    __m128 lo = _mm256_castps256_ps128(acc), hi = _mm256_extractf128_ps(acc, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_hadd_ps(lo, lo);
+    lo = _mm_hadd_ps(lo, lo);
+    float s = _mm_cvtss_f32(lo);
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+__attribute__((target("avx2,fma")))
+static void axpy_f32_avx2(float *y, float a, const float *x, int n)
+{
+    __m256 va = _mm256_set1_ps(a);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i),
+                                                _mm256_loadu_ps(y + i)));
+    for (; i < n; i++)
+        y[i] += a * x[i];
+}
+#endif
+
+static float kv_dot(int simd, int f16, const float *q, const void *k, int n)
+{
+#ifdef HAVE_X86
+    if (simd >= STRATA_SIMD_AVX2)
+        return f16 ? dot_f16_avx2(q, k, n) : dot_f32_avx2(q, k, n);
+#endif
+    (void)simd;
+    if (!f16)
+        return dot_f32(q, k, n);
+    const uint16_t *h = k;
+    float s = 0;
+    for (int i = 0; i < n; i++)
+        s += q[i] * strata_f16_to_f32(h[i]);
+    return s;
+}
+
+static void kv_axpy(int simd, int f16, float *y, float a, const void *x, int n)
+{
+#ifdef HAVE_X86
+    if (simd >= STRATA_SIMD_AVX2) {
+        if (f16)
+            axpy_f16_avx2(y, a, x, n);
+        else
+            axpy_f32_avx2(y, a, x, n);
+        return;
+    }
+#endif
+    (void)simd;
+    if (!f16) {
+        const float *f = x;
+        for (int i = 0; i < n; i++)
+            y[i] += a * f[i];
+        return;
+    }
+    const uint16_t *h = x;
+    for (int i = 0; i < n; i++)
+        y[i] += a * strata_f16_to_f32(h[i]);
+}
+
+struct attn_job {
+    struct cpu_state *s;
+    int il, n_tok, pos0;
+};
+
+/* One (token, head) per work item; every item reads keys and values from
+ * the cache only, so its result does not depend on the batch it is in. */
+static void attn_worker(void *ctx, int ith, int nth)
+{
+    struct attn_job *j = ctx;
+    struct cpu_state *s = j->s;
+    const struct strata_hparams *hp = &s->m->hp;
+    const int nh = (int)hp->n_head, hk = (int)hp->n_embd_head_k, hv = (int)hp->n_embd_head_v;
+    const int gqa = (int)(hp->n_head / hp->n_head_kv);
+    const int64_t qd = (int64_t)nh * hk, od = (int64_t)nh * hv;
+    const float scale = 1.0f / sqrtf((float)hk);
+    const int simd = strata_quant_simd_level();
+    float *sc = s->scores + (size_t)ith * s->n_ctx;
+    const char *kc = s->k_cache[j->il], *vc = s->v_cache[j->il];
+    const size_t krow = (size_t)s->n_kv_k * s->kv_elt, vrow = (size_t)s->n_kv_v * s->kv_elt;
+    const int n_items = j->n_tok * nh;
+    const int per = (n_items + nth - 1) / nth;
+    const int i0 = ith * per, i1 = i0 + per < n_items ? i0 + per : n_items;
+    for (int it = i0; it < i1; it++) {
+        const int t = it / nh, h = it % nh, hkv = h / gqa;
+        const int n_pos = j->pos0 + t + 1;
+        const float *q = s->q + (size_t)t * qd + (size_t)h * hk;
+        float mx = -INFINITY;
+        for (int p = 0; p < n_pos; p++) {
+            const void *kp = kc + (size_t)p * krow + (size_t)hkv * hk * s->kv_elt;
+            float v = kv_dot(simd, s->kv_f16, q, kp, hk) * scale;
+            sc[p] = v;
+            if (v > mx)
+                mx = v;
+        }
+        float sum = 0;
+        for (int p = 0; p < n_pos; p++) {
+            sc[p] = expf(sc[p] - mx);
+            sum += sc[p];
+        }
+        float *o = s->att + (size_t)t * od + (size_t)h * hv;
+        memset(o, 0, sizeof(float) * hv);
+        for (int p = 0; p < n_pos; p++) {
+            const void *vp = vc + (size_t)p * vrow + (size_t)hkv * hv * s->kv_elt;
+            kv_axpy(simd, s->kv_f16, o, sc[p], vp, hv);
+        }
+        const float inv = 1.0f / sum;
+        for (int d = 0; d < hv; d++)
+            o[d] *= inv;
+    }
+}
+
+static void kv_store(struct cpu_state *s, void *cache, const float *src, int64_t n, int pos)
+{
+    char *dst = (char *)cache + (size_t)pos * n * s->kv_elt;
+    if (s->kv_f16) {
+        uint16_t *h = (uint16_t *)dst;
+        for (int64_t i = 0; i < n; i++)
+            h[i] = strata_f32_to_f16(src[i]);
+    } else {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    }
+}
+
+/* ---- MoE ---- */
+
+/* softmax over the n_expert router logits, top-k by probability (the lower
+ * index first on ties), weights renormalised when expert_weights_norm. */
+static void route(const struct strata_hparams *hp, const float *logits, int32_t *sel,
+                  float *w)
+{
+    const int X = (int)hp->n_expert, K = (int)hp->n_expert_used;
+    float p[512];
+    float mx = -INFINITY;
+    for (int e = 0; e < X; e++)
+        if (logits[e] > mx)
+            mx = logits[e];
+    double sum = 0;
+    for (int e = 0; e < X; e++) {
+        p[e] = expf(logits[e] - mx);
+        sum += p[e];
+    }
+    for (int e = 0; e < X; e++)
+        p[e] = (float)(p[e] / sum);
+    for (int k = 0; k < K; k++) {
+        int best = -1;
+        for (int e = 0; e < X; e++) {
+            int taken = 0;
+            for (int j = 0; j < k; j++)
+                if (sel[j] == e)
+                    taken = 1;
+            if (!taken && (best < 0 || p[e] > p[best]))
+                best = e;
+        }
+        sel[k] = best;
+        w[k] = p[best];
+    }
+    if (hp->expert_weights_norm) {
+        float ws = 0;
+        for (int k = 0; k < K; k++)
+            ws += w[k];
+        for (int k = 0; k < K; k++)
+            w[k] /= ws;
+    }
+    for (int k = 0; k < K; k++)
+        w[k] *= hp->expert_weights_scale;
+}
+
+#define CHECK(call)                 \
+    do {                            \
+        if ((rc = (call)) != 0)     \
+            goto out;               \
+    } while (0)
+
+/* out[t] = down(silu(gate x_t) * up x_t) for n rows; x [n, E] -> y [n, E]. */
+static int swiglu_ffn(struct cpu_state *s, const struct strata_mat *g,
+                      const struct strata_mat *u, const struct strata_mat *d, const float *x,
+                      int n, float *gb, float *ub, float *y, struct strata_err *err)
+{
+    int rc;
+    CHECK(strata_matmul(s->pool, g, x, n, gb, err));
+    CHECK(strata_matmul(s->pool, u, x, n, ub, err));
+    const int64_t F = g->ne1;
+    for (int64_t i = 0; i < (int64_t)n * F; i++)
+        gb[i] = silu(gb[i]) * ub[i];
+    CHECK(strata_matmul(s->pool, d, gb, n, y, err));
+out:
+    return rc;
+}
+
+static int moe_ffn(struct cpu_state *s, int il, int n_tok, struct strata_err *err)
+{
+    const struct strata_model *m = s->m;
+    const struct strata_hparams *hp = &m->hp;
+    const struct strata_layer *ly = &m->layers[il];
+    const int64_t E = hp->n_embd;
+    const int X = (int)hp->n_expert, K = (int)hp->n_expert_used;
+    int rc = 0;
+    double t0 = s->profile ? now_ms() : 0;
+    struct strata_mat gi = mat_of(&ly->ffn_gate_inp, 0);
+    CHECK(strata_matmul(s->pool, &gi, s->cur, n_tok, s->router, err));
+    for (int t = 0; t < n_tok; t++)
+        route(hp, s->router + (size_t)t * X, s->sel + (size_t)t * K, s->selw + (size_t)t * K);
+    /* group (token, slot) pairs by expert */
+    memset(s->ecount, 0, sizeof(int32_t) * (X + 1));
+    for (int i = 0; i < n_tok * K; i++)
+        s->ecount[s->sel[i] + 1]++;
+    for (int e = 0; e < X; e++)
+        s->ecount[e + 1] += s->ecount[e];
+    /* stable fill: pairs in (token, slot) order inside each expert */
+    int32_t pos[512];
+    for (int e = 0; e < X; e++)
+        pos[e] = s->ecount[e];
+    for (int i = 0; i < n_tok * K; i++)
+        s->elist[pos[s->sel[i]]++] = i;
+    if (s->profile) {
+        double t1 = now_ms();
+        s->prof[PROF_ROUTER] += t1 - t0;
+        t0 = t1;
+    }
+    for (int e = 0; e < X; e++) {
+        const int b = s->ecount[e], n = s->ecount[e + 1] - b;
+        if (n == 0)
+            continue;
+        for (int r = 0; r < n; r++) {
+            int t = s->elist[b + r] / K;
+            memcpy(s->xe + (size_t)r * E, s->cur + (size_t)t * E, sizeof(float) * E);
+        }
+        struct strata_mat g = mat_of(&ly->ffn_gate_exps, e), u = mat_of(&ly->ffn_up_exps, e);
+        struct strata_mat d = mat_of(&ly->ffn_down_exps, e);
+        CHECK(swiglu_ffn(s, &g, &u, &d, s->xe, n, s->ge, s->ue, s->ye, err));
+        for (int r = 0; r < n; r++)
+            memcpy(s->eout + (size_t)s->elist[b + r] * E, s->ye + (size_t)r * E,
+                   sizeof(float) * E);
+    }
+    /* weighted sum in slot order (fixed per token, whatever the batch) */
+    for (int t = 0; t < n_tok; t++) {
+        float *o = s->tmp + (size_t)t * E;
+        for (int64_t i = 0; i < E; i++)
+            o[i] = 0;
+        for (int k = 0; k < K; k++) {
+            const float w = s->selw[t * K + k];
+            const float *src = s->eout + ((size_t)t * K + k) * E;
+            for (int64_t i = 0; i < E; i++)
+                o[i] += w * src[i];
+        }
+    }
+    if (ly->ffn_gate_shexp.data) {
+        struct strata_mat g = mat_of(&ly->ffn_gate_shexp, 0), u = mat_of(&ly->ffn_up_shexp, 0);
+        struct strata_mat d = mat_of(&ly->ffn_down_shexp, 0);
+        CHECK(swiglu_ffn(s, &g, &u, &d, s->cur, n_tok, s->ge, s->ue, s->ye, err));
+        for (int t = 0; t < n_tok; t++) {
+            const float gate = 1.0f / (1.0f + expf(-dot_f32(s->shexp_gate[il],
+                                                            s->cur + (size_t)t * E, (int)E)));
+            for (int64_t i = 0; i < E; i++)
+                s->tmp[(size_t)t * E + i] += gate * s->ye[(size_t)t * E + i];
+        }
+    }
+    if (s->profile)
+        s->prof[PROF_EXPERTS] += now_ms() - t0;
+out:
+    return rc;
+}
+
+static int cpu_forward(void *state, const struct strata_batch *b, float *logits,
+                       struct strata_err *err)
+{
+    struct cpu_state *s = state;
+    const struct strata_model *m = s->m;
+    const struct strata_hparams *hp = &m->hp;
+    const int n = b->n_tok, pos0 = b->pos0;
+    const int64_t E = hp->n_embd;
+    const int nh = (int)hp->n_head, nhk = (int)hp->n_head_kv;
+    const int hk = (int)hp->n_embd_head_k;
+    const int64_t qd = (int64_t)nh * hk, od = (int64_t)nh * hp->n_embd_head_v;
+    int rc = 0;
+    double t0 = s->profile ? now_ms() : 0, t1;
+#define PROF(slot)                          \
+    do {                                    \
+        if (s->profile) {                   \
+            t1 = now_ms();                  \
+            s->prof[slot] += t1 - t0;       \
+            t0 = t1;                        \
+        }                                   \
+    } while (0)
+
+    if (b->embd) {
+        memcpy(s->x, b->embd, sizeof(float) * (size_t)n * E);
+    } else {
+        for (int t = 0; t < n; t++)
+            strata_quant_dequant_row(m->tok_embd.type,
+                                     (const char *)m->tok_embd.data +
+                                         (size_t)b->ids[t] * m->tok_embd.nb1,
+                                     s->x + (size_t)t * E, E);
+    }
+    PROF(PROF_EMBD);
+
+    for (int il = 0; il < (int)hp->n_layer; il++) {
+        const struct strata_layer *ly = &m->layers[il];
+        for (int t = 0; t < n; t++)
+            rms_norm(s->x + (size_t)t * E, s->attn_norm[il], s->cur + (size_t)t * E, E,
+                     hp->f_norm_rms_eps);
+        struct strata_mat wq = mat_of(&ly->wq, 0), wk = mat_of(&ly->wk, 0);
+        struct strata_mat wv = mat_of(&ly->wv, 0), wo = mat_of(&ly->wo, 0);
+        CHECK(strata_matmul(s->pool, &wq, s->cur, n, s->q, err));
+        CHECK(strata_matmul(s->pool, &wk, s->cur, n, s->k, err));
+        CHECK(strata_matmul(s->pool, &wv, s->cur, n, s->v, err));
+        for (int t = 0; t < n; t++) {
+            float *q = s->q + (size_t)t * qd, *k = s->k + (size_t)t * s->n_kv_k;
+            float *v = s->v + (size_t)t * s->n_kv_v;
+            if (s->bq[il])
+                for (int64_t i = 0; i < qd; i++)
+                    q[i] += s->bq[il][i];
+            if (s->bk[il])
+                for (int64_t i = 0; i < s->n_kv_k; i++)
+                    k[i] += s->bk[il][i];
+            if (s->bv[il])
+                for (int64_t i = 0; i < s->n_kv_v; i++)
+                    v[i] += s->bv[il][i];
+            for (int h = 0; h < nh; h++) {
+                float *qh = q + (size_t)h * hk;
+                if (s->q_norm[il])
+                    rms_norm(qh, s->q_norm[il], qh, hk, hp->f_norm_rms_eps);
+                rope_apply(s, qh, pos0 + t);
+            }
+            for (int h = 0; h < nhk; h++) {
+                float *kh = k + (size_t)h * hk;
+                if (s->k_norm[il])
+                    rms_norm(kh, s->k_norm[il], kh, hk, hp->f_norm_rms_eps);
+                rope_apply(s, kh, pos0 + t);
+            }
+            kv_store(s, s->k_cache[il], k, s->n_kv_k, pos0 + t);
+            kv_store(s, s->v_cache[il], v, s->n_kv_v, pos0 + t);
+        }
+        PROF(PROF_QKV);
+        struct attn_job aj = { s, il, n, pos0 };
+        strata_pool_run(s->pool, attn_worker, &aj);
+        PROF(PROF_ATTN);
+        CHECK(strata_matmul(s->pool, &wo, s->att, n, s->tmp, err));
+        for (int64_t i = 0; i < (int64_t)n * E; i++)
+            s->x[i] += s->tmp[i];
+        PROF(PROF_WO);
+
+        for (int t = 0; t < n; t++)
+            rms_norm(s->x + (size_t)t * E, s->ffn_norm[il], s->cur + (size_t)t * E, E,
+                     hp->f_norm_rms_eps);
+        if (ly->is_moe) {
+            CHECK(moe_ffn(s, il, n, err));
+            if (s->profile)
+                t0 = now_ms();
+        } else {
+            struct strata_mat g = mat_of(&ly->ffn_gate, 0), u = mat_of(&ly->ffn_up, 0);
+            struct strata_mat d = mat_of(&ly->ffn_down, 0);
+            CHECK(swiglu_ffn(s, &g, &u, &d, s->cur, n, s->gate, s->up, s->tmp, err));
+            PROF(PROF_FFN);
+        }
+        for (int64_t i = 0; i < (int64_t)n * E; i++)
+            s->x[i] += s->tmp[i];
+        (void)od;
+    }
+
+    if (b->logits != STRATA_LOGITS_NONE && logits) {
+        const int first = b->logits == STRATA_LOGITS_ALL ? 0 : n - 1;
+        const int cnt = n - first;
+        for (int t = first; t < n; t++)
+            rms_norm(s->x + (size_t)t * E, s->out_norm, s->cur + (size_t)(t - first) * E, E,
+                     hp->f_norm_rms_eps);
+        struct strata_mat wout = mat_of(&m->output, 0);
+        CHECK(strata_matmul(s->pool, &wout, s->cur, cnt, logits, err));
+    }
+    PROF(PROF_OUT);
+    s->prof_tok += n;
+#undef PROF
+out:
+    return rc;
+}
+
+static int cpu_kv_rollback(void *state, int32_t n_past, struct strata_err *err)
+{
+    (void)state;
+    (void)n_past;
+    (void)err;
+    return 0; /* positions >= n_past are overwritten before they are read */
+}
+
+const struct strata_backend_ops strata_backend_cpu_ops = {
+    "cpu", cpu_init, cpu_free, cpu_forward, cpu_kv_rollback,
+};
+
+#ifdef STRATA_WITH_GPU
+extern const struct strata_backend_ops strata_backend_gpu_ops;
+#endif
+
+int strata_engine_find_backend(const char *name, const struct strata_backend_ops **out,
+                               struct strata_err *err)
+{
+    if (!name || strcmp(name, "cpu") == 0) {
+        *out = &strata_backend_cpu_ops;
+        return 0;
+    }
+#ifdef STRATA_WITH_GPU
+    if (strcmp(name, "auto") == 0 || strcmp(name, strata_backend_gpu_ops.name) == 0 ||
+        strcmp(name, "gpu") == 0) {
+        *out = &strata_backend_gpu_ops;
+        return 0;
+    }
+#else
+    if (strcmp(name, "auto") == 0) {
+        *out = &strata_backend_cpu_ops;
+        return 0;
+    }
+    if (strcmp(name, "cuda") == 0 || strcmp(name, "hip") == 0 || strcmp(name, "gpu") == 0)
+        return strata_err_set(err, STRATA_E_UNSUPPORTED,
+                              "backend '%s' is not in this build (built for the cpu only; "
+                              "build with 'make cuda' or 'make hip')", name);
+#endif
+    return strata_err_set(err, STRATA_E_UNSUPPORTED, "unknown backend '%s' (cpu, auto%s)",
+                          name,
+#ifdef STRATA_WITH_GPU
+                          ", cuda, hip"
+#else
+                          ""
+#endif
+    );
+}
+
+/* ------------------------------------------------------------------------ */
+/* engine                                                                   */
+
+struct strata_engine {
+    struct strata_gguf *owned_g;
+    const struct strata_gguf *g;
+    struct strata_model *m;
+    struct strata_pool *pool;
+    const struct strata_backend_ops *ops;
+    void *bstate;
+    struct strata_engine_opts o;
+    int32_t n_past;
+    int32_t *hist; /* [n_ctx] */
+};
+
+void strata_engine_opts_init(struct strata_engine_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->n_prefill = 512;
+    o->kv_type = STRATA_KV_F16;
+    o->backend = "cpu";
+    o->device = -1;
+}
+
+int strata_engine_open_gguf(struct strata_engine **out, const struct strata_gguf *g,
+                            const struct strata_engine_opts *o, struct strata_err *err)
+{
+    struct strata_engine *e = NULL;
+    int rc;
+    *out = NULL;
+    e = calloc(1, sizeof *e);
+    if (!e)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    if (o)
+        e->o = *o;
+    else
+        strata_engine_opts_init(&e->o);
+    e->g = g;
+    if (e->o.n_threads < 0 || e->o.n_threads > 512) {
+        rc = strata_err_set(err, STRATA_E_INVALID, "threads %d out of range (1..512)",
+                            e->o.n_threads);
+        goto out;
+    }
+    if (e->o.n_ctx < 0 || e->o.n_prefill < 0) {
+        rc = strata_err_set(err, STRATA_E_INVALID, "ctx %d / prefill %d must be >= 0",
+                            e->o.n_ctx, e->o.n_prefill);
+        goto out;
+    }
+    if (e->o.kv_type != STRATA_KV_F16 && e->o.kv_type != STRATA_KV_F32) {
+        rc = strata_err_set(err, STRATA_E_INVALID, "kv cache type %d is not f16 or f32",
+                            e->o.kv_type);
+        goto out;
+    }
+    if ((rc = strata_model_load(&e->m, g, err)))
+        goto out;
+    if (e->o.n_ctx == 0)
+        e->o.n_ctx = e->m->hp.n_ctx_train < 4096 ? (int)e->m->hp.n_ctx_train : 4096;
+    if (e->o.n_ctx > (1 << 24)) {
+        rc = strata_err_set(err, STRATA_E_INVALID, "ctx %d too large", e->o.n_ctx);
+        goto out;
+    }
+    if (e->o.n_prefill == 0)
+        e->o.n_prefill = 512;
+    if (e->o.n_prefill > e->o.n_ctx)
+        e->o.n_prefill = e->o.n_ctx;
+    if (e->o.backend_ops)
+        e->ops = e->o.backend_ops;
+    else if ((rc = strata_engine_find_backend(e->o.backend, &e->ops, err)))
+        goto out;
+    if ((rc = strata_pool_create(&e->pool, e->o.n_threads, err)))
+        goto out;
+    e->o.n_threads = strata_pool_n_threads(e->pool);
+    e->hist = calloc((size_t)e->o.n_ctx, sizeof *e->hist);
+    if (!e->hist) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    if ((rc = e->ops->init(&e->bstate, e->m, &e->o, e->pool, err)))
+        goto out;
+    *out = e;
+    e = NULL;
+out:
+    strata_engine_close(e);
+    return rc;
+}
+
+int strata_engine_open(struct strata_engine **out, const char *path,
+                       const struct strata_engine_opts *o, struct strata_err *err)
+{
+    struct strata_gguf *g = NULL;
+    int rc;
+    *out = NULL;
+    if ((rc = strata_gguf_open(&g, path, err)))
+        return rc;
+    if ((rc = strata_engine_open_gguf(out, g, o, err))) {
+        strata_err_wrap(err, "'%s': ", path);
+        strata_gguf_close(g);
+        return rc;
+    }
+    (*out)->owned_g = g;
+    return 0;
+}
+
+void strata_engine_close(struct strata_engine *e)
+{
+    if (!e)
+        return;
+    if (e->ops && e->bstate)
+        e->ops->free(e->bstate);
+    strata_pool_free(e->pool);
+    strata_model_free(e->m);
+    free(e->hist);
+    strata_gguf_close(e->owned_g);
+    free(e);
+}
+
+const struct strata_model *strata_engine_model(const struct strata_engine *e) { return e->m; }
+const struct strata_gguf *strata_engine_gguf(const struct strata_engine *e) { return e->g; }
+struct strata_pool *strata_engine_pool(const struct strata_engine *e) { return e->pool; }
+const char *strata_engine_backend_name(const struct strata_engine *e) { return e->ops->name; }
+int32_t strata_engine_n_vocab(const struct strata_engine *e) { return (int32_t)e->m->hp.n_vocab; }
+int32_t strata_engine_n_ctx(const struct strata_engine *e) { return e->o.n_ctx; }
+int32_t strata_engine_n_prefill(const struct strata_engine *e) { return e->o.n_prefill; }
+int strata_engine_n_threads(const struct strata_engine *e) { return e->o.n_threads; }
+int32_t strata_engine_n_past(const struct strata_engine *e) { return e->n_past; }
+const int32_t *strata_engine_history(const struct strata_engine *e) { return e->hist; }
+
+static int eval_common(struct strata_engine *e, const int32_t *ids, const float *embd,
+                       int32_t n_tok, int mode, float *logits, struct strata_err *err)
+{
+    const int32_t n_vocab = (int32_t)e->m->hp.n_vocab;
+    if (n_tok < 1)
+        return strata_err_set(err, STRATA_E_INVALID, "batch of %d tokens (need >= 1)", n_tok);
+    if (mode != STRATA_LOGITS_NONE && !logits)
+        return strata_err_set(err, STRATA_E_INVALID, "logits requested into a NULL buffer");
+    if ((int64_t)e->n_past + n_tok > e->o.n_ctx)
+        return strata_err_set(err, STRATA_E_LIMIT,
+                              "context full: %d positions in the kv cache + %d new > ctx %d",
+                              e->n_past, n_tok, e->o.n_ctx);
+    if (ids)
+        for (int32_t i = 0; i < n_tok; i++)
+            if (ids[i] < 0 || ids[i] >= n_vocab)
+                return strata_err_set(err, STRATA_E_INVALID,
+                                      "token id %d at batch index %d is outside the "
+                                      "vocabulary (0..%d)", ids[i], i, n_vocab - 1);
+    const int32_t ub = e->o.n_prefill;
+    const int32_t start = e->n_past;
+    for (int32_t off = 0; off < n_tok; off += ub) {
+        int32_t cnt = n_tok - off < ub ? n_tok - off : ub;
+        struct strata_batch b;
+        b.n_tok = cnt;
+        b.ids = ids ? ids + off : NULL;
+        b.embd = embd ? embd + (size_t)off * e->m->hp.n_embd : NULL;
+        b.pos0 = start + off;
+        float *lo = NULL;
+        if (mode == STRATA_LOGITS_ALL) {
+            b.logits = STRATA_LOGITS_ALL;
+            lo = logits + (size_t)off * n_vocab;
+        } else if (mode == STRATA_LOGITS_LAST && off + cnt == n_tok) {
+            b.logits = STRATA_LOGITS_LAST;
+            lo = logits;
+        } else {
+            b.logits = STRATA_LOGITS_NONE;
+        }
+        int rc = e->ops->forward(e->bstate, &b, lo, err);
+        if (rc) {
+            e->n_past = start;
+            return rc;
+        }
+        for (int32_t i = 0; i < cnt; i++)
+            e->hist[start + off + i] = ids ? ids[off + i] : -1;
+        e->n_past = start + off + cnt;
+    }
+    return 0;
+}
+
+int strata_engine_eval(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
+                       int logits_mode, float *logits, struct strata_err *err)
+{
+    if (!ids)
+        return strata_err_set(err, STRATA_E_INVALID, "NULL token ids");
+    return eval_common(e, ids, NULL, n_tok, logits_mode, logits, err);
+}
+
+int strata_engine_eval_embd(struct strata_engine *e, const float *embd, int32_t n_tok,
+                            int logits_mode, float *logits, struct strata_err *err)
+{
+    if (!embd)
+        return strata_err_set(err, STRATA_E_INVALID, "NULL embeddings");
+    return eval_common(e, NULL, embd, n_tok, logits_mode, logits, err);
+}
+
+int strata_engine_rollback(struct strata_engine *e, int32_t n_past, struct strata_err *err)
+{
+    if (n_past < 0 || n_past > e->n_past)
+        return strata_err_set(err, STRATA_E_INVALID,
+                              "rollback to %d positions, the kv cache holds %d", n_past,
+                              e->n_past);
+    int rc = e->ops->kv_rollback(e->bstate, n_past, err);
+    if (rc)
+        return rc;
+    e->n_past = n_past;
+    return 0;
+}
+
+int32_t strata_engine_common_prefix(const struct strata_engine *e, const int32_t *ids,
+                                    int32_t n)
+{
+    int32_t i = 0;
+    while (i < n && i < e->n_past && e->hist[i] == ids[i] && ids[i] >= 0)
+        i++;
+    return i;
+}

@@ -1,0 +1,328 @@
+/* sampler.c - penalties, top-k, top-p, min-p, temperature, seeded draws. */
+#include "sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct cand {
+    int32_t id;
+    float logit;
+    float p;
+};
+
+struct strata_sampler {
+    struct strata_sampler_params p;
+    int32_t n_vocab;
+    uint64_t rng[4];
+    int32_t *hist;   /* every accepted token */
+    size_t n_hist, cap_hist;
+    int32_t *count;  /* [n_vocab] scratch, all zero between calls */
+    float *work;     /* [n_vocab] penalised logits */
+    struct cand *cand; /* [n_vocab] */
+};
+
+void strata_sampler_params_init(struct strata_sampler_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->temperature = 0.8f;
+    p->top_k = 40;
+    p->top_p = 0.95f;
+    p->min_p = 0.05f;
+    p->repeat_penalty = 1.0f;
+    p->penalty_last_n = 64;
+}
+
+/* splitmix64 (Steele, Lea, Flood 2014) to seed xoshiro256** (Blackman and
+ * Vigna 2018, prng.di.unimi.it). */
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+static uint64_t xoshiro_next(uint64_t *s)
+{
+    const uint64_t result = rotl(s[1] * 5, 7) * 9;
+    const uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+/* uniform in [0, 1) with 53 random bits */
+static double rng_uniform(uint64_t *s)
+{
+    return (double)(xoshiro_next(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+void strata_sampler_reset(struct strata_sampler *s, uint64_t seed)
+{
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++)
+        s->rng[i] = splitmix64(&x);
+    s->n_hist = 0;
+}
+
+int strata_sampler_create(struct strata_sampler **out, const struct strata_sampler_params *p,
+                          int32_t n_vocab, struct strata_err *err)
+{
+    struct strata_sampler *s = NULL;
+    int rc = 0;
+    *out = NULL;
+    if (n_vocab < 1)
+        return strata_err_set(err, STRATA_E_INVALID, "n_vocab %d < 1", n_vocab);
+    if (!(p->top_p >= 0 && p->top_p <= 1))
+        return strata_err_set(err, STRATA_E_INVALID, "top_p %g outside [0, 1]", p->top_p);
+    if (!(p->min_p >= 0 && p->min_p <= 1))
+        return strata_err_set(err, STRATA_E_INVALID, "min_p %g outside [0, 1]", p->min_p);
+    if (!(p->repeat_penalty > 0))
+        return strata_err_set(err, STRATA_E_INVALID, "repeat_penalty %g must be > 0",
+                              p->repeat_penalty);
+    if (!isfinite(p->temperature) || !isfinite(p->presence_penalty) ||
+        !isfinite(p->frequency_penalty))
+        return strata_err_set(err, STRATA_E_INVALID, "temperature and penalties must be finite");
+    s = calloc(1, sizeof *s);
+    if (!s)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    s->count = calloc((size_t)n_vocab, sizeof *s->count);
+    s->work = malloc((size_t)n_vocab * sizeof *s->work);
+    s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
+    if (!s->count || !s->work || !s->cand) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    strata_sampler_reset(s, p->seed);
+    *out = s;
+    s = NULL;
+out:
+    strata_sampler_free(s);
+    return rc;
+}
+
+void strata_sampler_free(struct strata_sampler *s)
+{
+    if (!s)
+        return;
+    free(s->hist);
+    free(s->count);
+    free(s->work);
+    free(s->cand);
+    free(s);
+}
+
+void strata_sampler_accept(struct strata_sampler *s, const int32_t *ids, size_t n)
+{
+    if (s->n_hist + n > s->cap_hist) {
+        size_t cap = s->cap_hist ? s->cap_hist : 256;
+        while (cap < s->n_hist + n)
+            cap *= 2;
+        int32_t *h = realloc(s->hist, cap * sizeof *h);
+        if (!h) {
+            /* keep the most recent tokens we can hold: penalties see less */
+            size_t keep = s->cap_hist < n ? s->cap_hist : n;
+            if (keep) {
+                memmove(s->hist, ids + n - keep, keep * sizeof *ids);
+                s->n_hist = keep;
+            }
+            return;
+        }
+        s->hist = h;
+        s->cap_hist = cap;
+    }
+    memcpy(s->hist + s->n_hist, ids, n * sizeof *ids);
+    s->n_hist += n;
+}
+
+int32_t strata_sampler_argmax(const float *logits, int32_t n_vocab)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n_vocab; i++)
+        if (logits[i] > logits[best])
+            best = i;
+    return best;
+}
+
+static double log_sum_exp(const float *logits, int32_t n, float *mx_out)
+{
+    float mx = logits[0];
+    for (int32_t i = 1; i < n; i++)
+        if (logits[i] > mx)
+            mx = logits[i];
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++)
+        sum += exp((double)logits[i] - mx);
+    *mx_out = mx;
+    return log(sum);
+}
+
+float strata_sampler_logprob(const float *logits, int32_t n_vocab, int32_t id)
+{
+    float mx;
+    double lse = log_sum_exp(logits, n_vocab, &mx);
+    return (float)((double)logits[id] - mx - lse);
+}
+
+/* descending logit, then ascending id: a total order, so results never
+ * depend on the sort algorithm */
+static int cand_cmp(const void *a, const void *b)
+{
+    const struct cand *x = a, *y = b;
+    if (x->logit != y->logit)
+        return x->logit > y->logit ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+static void apply_penalties(struct strata_sampler *s, float *l)
+{
+    const struct strata_sampler_params *p = &s->p;
+    if (p->penalty_last_n == 0 || s->n_hist == 0 ||
+        (p->repeat_penalty == 1.0f && p->presence_penalty == 0 && p->frequency_penalty == 0))
+        return;
+    size_t n = p->penalty_last_n < 0 ? s->n_hist
+               : (size_t)p->penalty_last_n < s->n_hist ? (size_t)p->penalty_last_n
+               : s->n_hist;
+    const int32_t *h = s->hist + s->n_hist - n;
+    for (size_t i = 0; i < n; i++)
+        if (h[i] >= 0 && h[i] < s->n_vocab)
+            s->count[h[i]]++;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = h[i];
+        if (id < 0 || id >= s->n_vocab || s->count[id] == 0)
+            continue; /* done already */
+        int32_t c = s->count[id];
+        if (l[id] > 0)
+            l[id] /= p->repeat_penalty;
+        else
+            l[id] *= p->repeat_penalty;
+        l[id] -= (float)c * p->frequency_penalty + p->presence_penalty;
+        s->count[id] = 0;
+    }
+}
+
+/* the n_top largest of the raw logits, best first */
+static void top_logprobs(const float *logits, int32_t n_vocab, struct strata_token_prob *top,
+                         int n_top)
+{
+    float mx;
+    double lse = log_sum_exp(logits, n_vocab, &mx);
+    int n = 0;
+    for (int32_t i = 0; i < n_vocab; i++) {
+        float v = logits[i];
+        if (n == n_top && !(v > logits[top[n - 1].id]))
+            continue;
+        int j = n < n_top ? n++ : n - 1;
+        while (j > 0 && v > logits[top[j - 1].id]) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j].id = i;
+    }
+    for (int i = 0; i < n; i++)
+        top[i].logprob = (float)((double)logits[top[i].id] - mx - lse);
+    for (int i = n; i < n_top; i++) {
+        top[i].id = -1;
+        top[i].logprob = -INFINITY;
+    }
+}
+
+int32_t strata_sampler_sample(struct strata_sampler *s, const float *logits, float *logprob,
+                              struct strata_token_prob *top, int n_top)
+{
+    const struct strata_sampler_params *p = &s->p;
+    const int32_t nv = s->n_vocab;
+    float *l = s->work;
+    int32_t id;
+    memcpy(l, logits, (size_t)nv * sizeof *l);
+    apply_penalties(s, l);
+
+    if (p->temperature <= 0) {
+        id = strata_sampler_argmax(l, nv);
+        goto done;
+    }
+
+    struct cand *c = s->cand;
+    size_t n = (size_t)nv;
+    for (int32_t i = 0; i < nv; i++) {
+        c[i].id = i;
+        c[i].logit = l[i];
+    }
+    /* top-k: keep the k best (a bounded insertion pass, then sorted) */
+    if (p->top_k > 0 && (size_t)p->top_k < n) {
+        size_t k = (size_t)p->top_k, m = 0;
+        for (int32_t i = 0; i < nv; i++) {
+            struct cand x = { i, l[i], 0 };
+            if (m == k && cand_cmp(&x, &c[m - 1]) >= 0)
+                continue;
+            size_t j = m < k ? m++ : m - 1;
+            while (j > 0 && cand_cmp(&x, &c[j - 1]) < 0) {
+                c[j] = c[j - 1];
+                j--;
+            }
+            c[j] = x;
+        }
+        n = k;
+    } else {
+        qsort(c, n, sizeof *c, cand_cmp);
+    }
+    /* probabilities of the survivors (before temperature, as llama.cpp's
+     * default chain applies top-p and min-p before temp) */
+    double sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        c[i].p = (float)exp((double)c[i].logit - c[0].logit);
+        sum += c[i].p;
+    }
+    if (p->top_p < 1.0f) {
+        double cum = 0;
+        size_t keep = n;
+        for (size_t i = 0; i < n; i++) {
+            cum += c[i].p / sum;
+            if (cum >= p->top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = keep;
+    }
+    if (p->min_p > 0) {
+        /* p_i >= min_p * p_max  <=>  exp(l_i - l_max) >= min_p */
+        size_t keep = 1;
+        while (keep < n && c[keep].p >= p->min_p)
+            keep++;
+        n = keep;
+    }
+    /* temperature, then draw */
+    sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        c[i].p = (float)exp(((double)c[i].logit - c[0].logit) / p->temperature);
+        sum += c[i].p;
+    }
+    double u = rng_uniform(s->rng) * sum, cum = 0;
+    id = c[n - 1].id;
+    for (size_t i = 0; i < n; i++) {
+        cum += c[i].p;
+        if (u < cum) {
+            id = c[i].id;
+            break;
+        }
+    }
+done:
+    if (logprob)
+        *logprob = strata_sampler_logprob(logits, nv, id);
+    if (top && n_top > 0)
+        top_logprobs(logits, nv, top, n_top);
+    return id;
+}
