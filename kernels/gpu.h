@@ -1,0 +1,181 @@
+/* gpu.h - the one place that knows whether the kernels are built for CUDA or HIP.
+ *
+ * Kernels are written in CUDA spelling.  Under hipcc (__HIP_PLATFORM_AMD__ or
+ * __HIPCC__) the runtime API, types and intrinsics below are mapped to HIP.
+ * Nothing else in kernels/ tests the vendor: it tests the feature macros defined here.
+ *
+ * Feature macros (device code):
+ *   STRATA_GPU_MMA_F16   mma.sync m16n8k16 f16 -> f32 is available (NVIDIA sm_80+)
+ * The warp/wavefront size is never a constant: device code reads warpSize (32 on
+ * NVIDIA, 32 or 64 on AMD), host code reads strata_gpu_info.warp_size, which the
+ * backend fills from the device properties at start.
+ */
+#ifndef STRATA_KERNELS_GPU_H
+#define STRATA_KERNELS_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
+#define STRATA_GPU_HIP 1
+#include <hip/hip_fp16.h>
+#include <hip/hip_runtime.h>
+
+#define STRATA_GPU_RUNTIME_NAME "hip"
+#define cudaError_t hipError_t
+#define cudaSuccess hipSuccess
+#define cudaErrorNotReady hipErrorNotReady
+#define cudaStream_t hipStream_t
+#define cudaEvent_t hipEvent_t
+#define cudaGraph_t hipGraph_t
+#define cudaGraphExec_t hipGraphExec_t
+#define cudaDeviceProp hipDeviceProp_t
+#define cudaGetErrorString hipGetErrorString
+#define cudaGetErrorName hipGetErrorName
+#define cudaGetLastError hipGetLastError
+#define cudaPeekAtLastError hipPeekAtLastError
+#define cudaGetDeviceCount hipGetDeviceCount
+#define cudaGetDeviceProperties hipGetDeviceProperties
+#define cudaDeviceGetAttribute hipDeviceGetAttribute
+#define cudaSetDevice hipSetDevice
+#define cudaGetDevice hipGetDevice
+#define cudaDeviceSynchronize hipDeviceSynchronize
+#define cudaDriverGetVersion hipDriverGetVersion
+#define cudaRuntimeGetVersion hipRuntimeGetVersion
+#define cudaMemGetInfo hipMemGetInfo
+#define cudaMalloc hipMalloc
+#define cudaFree hipFree
+#define cudaMallocHost hipHostMalloc
+#define cudaFreeHost hipHostFree
+#define cudaMemcpy hipMemcpy
+#define cudaMemcpyAsync hipMemcpyAsync
+#define cudaMemset hipMemset
+#define cudaMemsetAsync hipMemsetAsync
+#define cudaMemcpyHostToDevice hipMemcpyHostToDevice
+#define cudaMemcpyDeviceToHost hipMemcpyDeviceToHost
+#define cudaMemcpyDeviceToDevice hipMemcpyDeviceToDevice
+#define cudaMemcpyToSymbol hipMemcpyToSymbol
+#define cudaStreamCreate hipStreamCreate
+#define cudaStreamCreateWithFlags hipStreamCreateWithFlags
+#define cudaStreamNonBlocking hipStreamNonBlocking
+#define cudaStreamDestroy hipStreamDestroy
+#define cudaStreamSynchronize hipStreamSynchronize
+#define cudaStreamBeginCapture hipStreamBeginCapture
+#define cudaStreamEndCapture hipStreamEndCapture
+#define cudaStreamCaptureModeRelaxed hipStreamCaptureModeRelaxed
+#define cudaGraphInstantiate(e, g, f) hipGraphInstantiate((e), (g), NULL, NULL, 0)
+#define cudaGraphLaunch hipGraphLaunch
+#define cudaGraphExecDestroy hipGraphExecDestroy
+#define cudaGraphDestroy hipGraphDestroy
+#define cudaEventCreate hipEventCreate
+#define cudaEventDestroy hipEventDestroy
+#define cudaEventRecord hipEventRecord
+#define cudaEventSynchronize hipEventSynchronize
+#define cudaEventElapsedTime hipEventElapsedTime
+#define cudaFuncSetAttribute hipFuncSetAttribute
+#define cudaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
+#define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+
+/* Full-wavefront shuffles: HIP's shuffles take no mask. */
+#define STRATA_SHFL_XOR(v, m) __shfl_xor((v), (m), warpSize)
+#define STRATA_SHFL(v, l) __shfl((v), (l), warpSize)
+
+#else /* CUDA */
+#define STRATA_GPU_CUDA 1
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#define STRATA_GPU_RUNTIME_NAME "cuda"
+#define STRATA_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), warpSize)
+#define STRATA_SHFL(v, l) __shfl_sync(0xffffffffu, (v), (l), warpSize)
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define STRATA_GPU_MMA_F16 1
+#endif
+#endif
+
+/* The largest warp/wavefront any supported device has; sizes shared-memory arrays
+ * of per-warp partial results.  The actual size is read at run time. */
+#define STRATA_GPU_MAX_WARP 64
+/* Threads per block of the element-wise and row kernels: a multiple of 64, so that it
+ * holds whole wavefronts on every vendor. */
+#define STRATA_GPU_BLOCK 256
+
+/* What the kernels need to know about the device they run on; read once from the
+ * device properties by strata_gpu_info_query(). */
+struct strata_gpu_info {
+    int device;             /* runtime device index */
+    char name[256];         /* marketing name */
+    char arch[32];          /* "sm_90" or "gfx1100" */
+    int warp_size;          /* 32 or 64 */
+    int n_sm;               /* multiprocessors / compute units */
+    size_t smem_per_block;  /* default shared memory per block, bytes */
+    size_t smem_optin;      /* opt-in maximum shared memory per block, bytes */
+    int has_mma_f16;        /* matrix units usable by the mat-mat kernel */
+    size_t vram_total;      /* bytes */
+    size_t vram_free;       /* bytes, at query time */
+    int runtime_version;
+    int driver_version;
+};
+
+/* Sum of v over the calling warp/wavefront; every lane gets the result.  The
+ * reduction tree is fixed, so the result is the same for the same inputs. */
+static __device__ __forceinline__ float strata_warp_sum(float v)
+{
+    for (int m = warpSize / 2; m > 0; m >>= 1)
+        v += STRATA_SHFL_XOR(v, m);
+    return v;
+}
+
+static __device__ __forceinline__ float strata_warp_max(float v)
+{
+    for (int m = warpSize / 2; m > 0; m >>= 1)
+        v = fmaxf(v, STRATA_SHFL_XOR(v, m));
+    return v;
+}
+
+/* Block-wide sum of v (blockDim.x a multiple of warpSize, at most 1024 threads).
+ * scratch: STRATA_GPU_MAX_WARP floats of shared memory.  All threads get the sum. */
+static __device__ __forceinline__ float strata_block_sum(float v, float *scratch)
+{
+    int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
+    int nw = blockDim.x / warpSize;
+    v = strata_warp_sum(v);
+    __syncthreads();
+    if (lane == 0)
+        scratch[wid] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < nw; i++)
+        s += scratch[i];
+    return s;
+}
+
+static __device__ __forceinline__ float strata_block_max(float v, float *scratch)
+{
+    int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
+    int nw = blockDim.x / warpSize;
+    v = strata_warp_max(v);
+    __syncthreads();
+    if (lane == 0)
+        scratch[wid] = v;
+    __syncthreads();
+    float s = scratch[0];
+    for (int i = 1; i < nw; i++)
+        s = fmaxf(s, scratch[i]);
+    return s;
+}
+
+static __device__ __forceinline__ float strata_h2f(uint16_t h)
+{
+    __half_raw r;
+    r.x = h;
+    return __half2float(__half(r));
+}
+
+static __device__ __forceinline__ float strata_bf2f(uint16_t h)
+{
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+#endif
