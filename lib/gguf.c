@@ -291,11 +291,13 @@ static int parse_arr(struct cur *c, struct arena *a, const char *key,
 {
     uint32_t t;
     uint64_t n;
-    int rc = rd_u32(c, &t, "array element type");
+    char what[STRATA_ERR_MSG_MAX / 4];
+    snprintf(what, sizeof(what), "array header of key '%s'", key);
+    int rc = rd_u32(c, &t, what);
     if (!rc)
-        rc = rd_u64(c, &n, "array length");
+        rc = rd_u64(c, &n, what);
     if (rc)
-        return strata_err_wrap(c->err, "key '%s'", key);
+        return rc;
     if (t >= STRATA_GGUF_VTYPE_COUNT)
         return fail(c, STRATA_E_FORMAT, "key '%s': array element type %u is not a gguf value type",
                     key, t);
@@ -330,10 +332,11 @@ static int parse_arr(struct cur *c, struct arena *a, const char *key,
         struct strata_gguf_str *s = arena_alloc(a, n * sizeof(*s));
         if (!s)
             return fail(c, STRATA_E_NOMEM, "key '%s': out of memory", key);
-        for (uint64_t i = 0; i < n; i++)
-            if ((rc = rd_str(c, &s[i], "string array element")))
-                return strata_err_wrap(c->err, "key '%s' element %llu", key,
-                                       (unsigned long long)i);
+        for (uint64_t i = 0; i < n; i++) {
+            snprintf(what, sizeof(what), "key '%s' element %llu", key, (unsigned long long)i);
+            if ((rc = rd_str(c, &s[i], what)))
+                return rc;
+        }
         out->strs = s;
         return 0;
     }
@@ -351,10 +354,12 @@ static int parse_value(struct cur *c, struct arena *a, struct strata_gguf_kv *kv
 {
     uint64_t esz = vtype_size(kv->type);
     const uint8_t *p = c->base + c->pos;
+    char what[STRATA_ERR_MSG_MAX / 4];
     int rc;
+    snprintf(what, sizeof(what), "value of key '%s'", kv->key);
     if (esz) {
-        if ((rc = need(c, esz, "value")))
-            return strata_err_wrap(c->err, "key '%s'", kv->key);
+        if ((rc = need(c, esz, what)))
+            return rc;
         c->pos += esz;
     }
     switch (kv->type) {
@@ -375,9 +380,7 @@ static int parse_value(struct cur *c, struct arena *a, struct strata_gguf_kv *kv
         kv->v.b = p[0];
         return 0;
     case STRATA_GGUF_STRING:
-        if ((rc = rd_str(c, &kv->v.str, "string value")))
-            return strata_err_wrap(c->err, "key '%s'", kv->key);
-        return 0;
+        return rd_str(c, &kv->v.str, what);
     case STRATA_GGUF_ARRAY:
         return parse_arr(c, a, kv->key, &kv->v.arr, 0);
     default:
