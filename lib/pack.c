@@ -1,0 +1,1340 @@
+/* pack.c - pack reader, writer, verifier (format: man/strata-pack.5). */
+#include "pack.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "sha256.h"
+
+#define PACK_JSON "pack.json"
+#define EXPERTS_BIN "experts.bin"
+#define MAX_LAYERS 4096
+
+struct strata_pack {
+    struct strata_gguf *g;
+    char *dir;             /* NULL for a bare GGUF */
+    int mode;
+    uint32_t n_layer;      /* size of layers[] */
+    struct strata_pack_layer *layers; /* [n_layer]; n_parts 0: no experts */
+    int experts_fd;
+    const unsigned char *experts_map;
+    uint64_t experts_size;
+    uint32_t n_ctx_recorded;
+    int low_ram;
+};
+
+/* ---- small helpers ---------------------------------------------------- */
+
+static uint64_t align_up(uint64_t x, uint64_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+static char *path_join(const char *dir, const char *name)
+{
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = malloc(a + b + 2);
+    if (!p)
+        return NULL;
+    memcpy(p, dir, a);
+    p[a] = '/';
+    memcpy(p + a + 1, name, b + 1);
+    return p;
+}
+
+static const char *base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+int strata_pack_pwrite_all(int fd, const void *buf, size_t n, uint64_t offset,
+                           const char *path, struct strata_err *err)
+{
+    const char *lim = getenv("STRATA_FAULT_ENOSPC_AT");
+    if (lim && *lim && offset + n > strtoull(lim, NULL, 10))
+        return strata_err_set(err, STRATA_E_IO, "cannot write '%s': %s", path,
+                              strerror(ENOSPC));
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t w = pwrite(fd, p, n, (off_t)offset);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return strata_err_set(err, STRATA_E_IO, "cannot write '%s': %s", path,
+                                  w < 0 ? strerror(errno) : "short write");
+        p += w;
+        n -= (size_t)w;
+        offset += (uint64_t)w;
+    }
+    return 0;
+}
+
+/* A u32 hyper-parameter "ARCH.suffix"; arrays (per-layer values) give their
+ * maximum.  0 when absent. */
+static uint32_t hp_u32(const struct strata_gguf *g, const char *arch, const char *suffix)
+{
+    char key[256];
+    snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+    const struct strata_gguf_kv *kv = strata_gguf_find_kv(g, key);
+    if (!kv)
+        return 0;
+    if (kv->type == STRATA_GGUF_ARRAY) {
+        int64_t m = 0;
+        for (uint64_t i = 0; i < kv->v.arr.n; i++) {
+            int64_t v = strata_gguf_arr_i64(&kv->v.arr, i);
+            if (v > m)
+                m = v;
+        }
+        return m > UINT32_MAX ? UINT32_MAX : (uint32_t)m;
+    }
+    uint32_t v = 0;
+    if (strata_gguf_get_u32(g, key, &v, NULL))
+        return 0;
+    return v;
+}
+
+static uint64_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    uint64_t kb = 0;
+    if (!f)
+        return 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb * 1024;
+}
+
+/* ---- expert index ------------------------------------------------------ */
+
+/* Part order inside a record: gate, up, down, then the rest by name. */
+static int part_rank(const char *name)
+{
+    if (strstr(name, "ffn_gate_exps.weight"))
+        return 0;
+    if (strstr(name, "ffn_up_exps.weight"))
+        return 1;
+    if (strstr(name, "ffn_down_exps.weight"))
+        return 2;
+    return 3;
+}
+
+static int part_before(const struct strata_pack_part *a, const struct strata_pack_part *b)
+{
+    int ra = part_rank(a->tensor), rb = part_rank(b->tensor);
+    if (ra != rb)
+        return ra < rb;
+    return strcmp(a->tensor, b->tensor) < 0;
+}
+
+/* Find the routed-expert tensors ("blk.N.*_exps.*" whose last dimension is
+ * ARCH.expert_count) and lay the records out.  layers is [n_layer]. */
+static int build_layers(const struct strata_gguf *g, struct strata_pack_layer **out,
+                        uint32_t *n_out, struct strata_err *err)
+{
+    int rc = 0;
+    const char *arch = NULL;
+    struct strata_pack_layer *L = NULL;
+    uint32_t n_layer = 0, n_expert = 0;
+    if (strata_gguf_get_str(g, "general.architecture", &arch, err))
+        return err ? err->code : STRATA_E_FORMAT;
+    n_layer = hp_u32(g, arch, "block_count");
+    n_expert = hp_u32(g, arch, "expert_count");
+    if (n_layer > MAX_LAYERS)
+        return strata_err_set(err, STRATA_E_FORMAT, "%s.block_count %u is too large", arch,
+                              n_layer);
+    L = calloc(n_layer ? n_layer : 1, sizeof(*L));
+    if (!L)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    for (uint32_t i = 0; i < n_layer; i++)
+        L[i].layer = i;
+    for (uint64_t i = 0; n_expert > 0 && i < strata_gguf_n_tensors(g); i++) {
+        const struct strata_gguf_tensor *t = strata_gguf_tensor_at(g, i);
+        unsigned il;
+        int pos = 0;
+        if (sscanf(t->name, "blk.%u.%n", &il, &pos) != 1 || pos == 0 ||
+            !strstr(t->name + pos, "_exps.") || t->n_dims < 2 ||
+            t->ne[t->n_dims - 1] != n_expert)
+            continue;
+        if (il >= n_layer) {
+            rc = strata_err_set(err, STRATA_E_FORMAT,
+                                "tensor '%s': layer %u but %s.block_count is %u", t->name,
+                                il, arch, n_layer);
+            goto out;
+        }
+        struct strata_pack_layer *ly = &L[il];
+        if (ly->n_parts == STRATA_PACK_MAX_PARTS) {
+            rc = strata_err_set(err, STRATA_E_LIMIT,
+                                "layer %u has more than %d per-expert tensors", il,
+                                STRATA_PACK_MAX_PARTS);
+            goto out;
+        }
+        if (t->n_bytes % n_expert) {
+            rc = strata_err_set(err, STRATA_E_FORMAT,
+                                "tensor '%s': %" PRIu64 " bytes do not split into %u experts",
+                                t->name, t->n_bytes, n_expert);
+            goto out;
+        }
+        struct strata_pack_part p = {
+            .tensor = t->name, .type = t->type, .ne0 = t->ne[0],
+            .ne1 = t->n_dims >= 3 ? t->ne[1] : 1, .n_bytes = t->n_bytes / n_expert, .src = t,
+        };
+        /* insertion keeps gate, up, down first whatever the file order */
+        uint32_t k = ly->n_parts;
+        while (k > 0 && part_before(&p, &ly->part[k - 1])) {
+            ly->part[k] = ly->part[k - 1];
+            k--;
+        }
+        ly->part[k] = p;
+        ly->n_parts++;
+        ly->n_expert = n_expert;
+    }
+    uint64_t off = 0;
+    for (uint32_t i = 0; i < n_layer; i++) {
+        struct strata_pack_layer *ly = &L[i];
+        uint64_t r = 0;
+        if (!ly->n_parts)
+            continue;
+        for (uint32_t k = 0; k < ly->n_parts; k++) {
+            r = align_up(r, STRATA_PACK_PART_ALIGN);
+            ly->part[k].rec_offset = r;
+            r += ly->part[k].n_bytes;
+        }
+        ly->record_size = align_up(r, STRATA_PACK_RECORD_ALIGN);
+        ly->record_offset = off;
+        off += ly->record_size * ly->n_expert;
+    }
+    *out = L;
+    *n_out = n_layer;
+    L = NULL;
+out:
+    free(L);
+    return rc;
+}
+
+static uint64_t experts_bin_size(const struct strata_pack_layer *L, uint32_t n)
+{
+    uint64_t s = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (L[i].n_parts)
+            s = L[i].record_offset + L[i].record_size * L[i].n_expert;
+    return s;
+}
+
+/* ---- memory figures ---------------------------------------------------- */
+
+static void fill_info(const struct strata_gguf *g, const struct strata_pack_layer *L,
+                      uint32_t n_layer_idx, uint32_t n_ctx, int low_ram,
+                      struct strata_pack_info *o)
+{
+    const char *arch = "";
+    memset(o, 0, sizeof(*o));
+    strata_gguf_get_str(g, "general.architecture", &arch, NULL);
+    snprintf(o->arch, sizeof(o->arch), "%s", arch);
+    o->n_layer = hp_u32(g, arch, "block_count");
+    o->n_embd = hp_u32(g, arch, "embedding_length");
+    o->n_head = hp_u32(g, arch, "attention.head_count");
+    o->n_head_kv = hp_u32(g, arch, "attention.head_count_kv");
+    if (!o->n_head_kv)
+        o->n_head_kv = o->n_head;
+    o->n_expert = hp_u32(g, arch, "expert_count");
+    o->n_expert_used = hp_u32(g, arch, "expert_used_count");
+    o->n_ctx_train = hp_u32(g, arch, "context_length");
+    const struct strata_gguf_kv *tok = strata_gguf_find_kv(g, "tokenizer.ggml.tokens");
+    if (tok && tok->type == STRATA_GGUF_ARRAY)
+        o->n_vocab = (uint32_t)tok->v.arr.n;
+    for (uint64_t i = 0; i < strata_gguf_n_tensors(g); i++) {
+        const struct strata_gguf_tensor *t = strata_gguf_tensor_at(g, i);
+        o->n_params += t->n_elements;
+        o->total_bytes += t->n_bytes;
+    }
+    for (uint32_t i = 0; i < n_layer_idx; i++) {
+        uint64_t per = 0;
+        if (!L[i].n_parts)
+            continue;
+        o->n_moe_layers++;
+        for (uint32_t k = 0; k < L[i].n_parts; k++) {
+            per += L[i].part[k].n_bytes;
+            o->expert_bytes += L[i].part[k].n_bytes * L[i].n_expert;
+        }
+        if (per > o->expert_bytes_max)
+            o->expert_bytes_max = per;
+    }
+    o->dense_bytes = o->total_bytes - o->expert_bytes;
+    /* kv cache per token, F16: MLA (deepseek2) caches the compressed kv
+     * (ARCH.attention.kv_lora_rank) plus the rope part of the key; other
+     * architectures n_head_kv * (key_length + value_length) per layer. */
+    uint32_t kv_lora = hp_u32(g, arch, "attention.kv_lora_rank");
+    uint64_t per_layer;
+    if (kv_lora) {
+        per_layer = (uint64_t)kv_lora + hp_u32(g, arch, "rope.dimension_count");
+    } else {
+        uint32_t hd = o->n_head ? o->n_embd / o->n_head : 0;
+        uint32_t kl = hp_u32(g, arch, "attention.key_length");
+        uint32_t vl = hp_u32(g, arch, "attention.value_length");
+        per_layer = (uint64_t)o->n_head_kv * ((kl ? kl : hd) + (vl ? vl : hd));
+    }
+    o->kv_bytes_per_token = per_layer * o->n_layer * 2;
+    /* compute buffers: a 512-token ubatch of activations (n_embd floats and
+     * a few intermediates each) plus its logits; a documented estimate. */
+    o->scratch_bytes = (uint64_t)512 * 4 * ((uint64_t)o->n_embd * 16 + o->n_vocab) +
+                       (64ull << 20);
+    o->n_ctx = n_ctx ? n_ctx : (o->n_ctx_train ? o->n_ctx_train : 4096);
+    o->vram_min = o->dense_bytes + o->kv_bytes_per_token * o->n_ctx + o->scratch_bytes;
+    o->vram_full = o->vram_min + o->expert_bytes;
+    if (low_ram < 0) {
+        uint64_t avail = mem_available();
+        low_ram = avail && o->expert_bytes + o->dense_bytes > avail / 10 * 9;
+    }
+    o->low_ram = low_ram;
+    o->ram_bytes = o->dense_bytes + (low_ram ? 0 : o->expert_bytes);
+}
+
+int strata_pack_plan_gguf(const struct strata_gguf *g, uint32_t n_ctx, int low_ram,
+                          struct strata_pack_info *out, struct strata_err *err)
+{
+    struct strata_pack_layer *L = NULL;
+    uint32_t n = 0;
+    int rc = build_layers(g, &L, &n, err);
+    if (rc)
+        return rc;
+    fill_info(g, L, n, n_ctx, low_ram, out);
+    free(L);
+    return 0;
+}
+
+/* ---- JSON helpers ------------------------------------------------------ */
+
+static cJSON *jnum(cJSON *o, const char *k, double v)
+{
+    return cJSON_AddNumberToObject(o, k, v);
+}
+
+static cJSON *jshape(const struct strata_gguf_tensor *t)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (uint32_t d = 0; a && d < t->n_dims; d++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)t->ne[d]));
+    return a;
+}
+
+/* A non-negative integer member below 2^53; -1 when missing or not one. */
+static int64_t jget_u(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsNumber(v))
+        return -1;
+    double d = v->valuedouble;
+    if (d < 0 || d > 9007199254740992.0 || d != (double)(int64_t)d)
+        return -1;
+    return (int64_t)d;
+}
+
+static const char *jget_s(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* ---- build ------------------------------------------------------------- */
+
+struct seg {            /* an expert tensor inside one shard */
+    uint64_t begin, end;
+    const struct strata_pack_layer *ly;
+    uint32_t k;
+};
+
+static int seg_cmp(const void *a, const void *b)
+{
+    const struct seg *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* Read shard s once, sequentially: hash it and, when fd_out >= 0, copy each
+ * expert slice into its record of experts.bin. */
+static int pass_shard(const struct strata_gguf *g, uint32_t s,
+                      const struct strata_pack_layer *L, uint32_t n_layer, int fd_out,
+                      const char *out_path, char hex[STRATA_SHA256_HEX],
+                      const struct strata_pack_build_opts *o, struct strata_err *err)
+{
+    enum { CHUNK = 16 << 20 };
+    const char *path = strata_gguf_shard_path(g, s);
+    uint64_t size = strata_gguf_shard_size(g, s), done = 0;
+    struct seg *segs = NULL;
+    size_t n_segs = 0, cap = 0;
+    unsigned char *buf = NULL;
+    struct strata_sha256 *h = NULL;
+    int fd = -1, rc = 0;
+
+    for (uint32_t i = 0; fd_out >= 0 && i < n_layer; i++)
+        for (uint32_t k = 0; k < L[i].n_parts; k++) {
+            const struct strata_gguf_tensor *t = L[i].part[k].src;
+            if (t->shard != s)
+                continue;
+            if (n_segs == cap) {
+                cap = cap ? 2 * cap : 64;
+                struct seg *ns = realloc(segs, cap * sizeof(*ns));
+                if (!ns) {
+                    rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+                    goto out;
+                }
+                segs = ns;
+            }
+            segs[n_segs++] = (struct seg){t->offset, t->offset + t->n_bytes, &L[i], k};
+        }
+    if (n_segs)
+        qsort(segs, n_segs, sizeof(*segs), seg_cmp);
+    h = strata_sha256_new();
+    buf = malloc(CHUNK);
+    if (!h || !buf) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        rc = strata_err_set(err, STRATA_E_IO, "cannot open '%s': %s", path, strerror(errno));
+        goto out;
+    }
+    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    size_t si = 0;
+    while (done < size) {
+        size_t want = size - done < CHUNK ? (size_t)(size - done) : CHUNK;
+        size_t got = 0;
+        while (got < want) {
+            ssize_t r = pread(fd, buf + got, want - got, (off_t)(done + got));
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                rc = strata_err_set(err, STRATA_E_IO, "cannot read '%s': %s", path,
+                                    r < 0 ? strerror(errno) : "file is shorter than it was");
+                goto out;
+            }
+            got += (size_t)r;
+        }
+        strata_sha256_update(h, buf, got);
+        uint64_t c0 = done, c1 = done + got;
+        while (si < n_segs && segs[si].end <= c0)
+            si++;
+        for (size_t j = si; j < n_segs && segs[j].begin < c1; j++) {
+            const struct seg *sg = &segs[j];
+            const struct strata_pack_part *p = &sg->ly->part[sg->k];
+            uint64_t a = sg->begin > c0 ? sg->begin : c0;
+            uint64_t b = sg->end < c1 ? sg->end : c1;
+            while (a < b) {
+                uint64_t e = (a - sg->begin) / p->n_bytes;
+                uint64_t in = (a - sg->begin) % p->n_bytes;
+                uint64_t n = p->n_bytes - in < b - a ? p->n_bytes - in : b - a;
+                uint64_t dst = sg->ly->record_offset + e * sg->ly->record_size +
+                               p->rec_offset + in;
+                rc = strata_pack_pwrite_all(fd_out, buf + (a - c0), n, dst, out_path, err);
+                if (rc)
+                    goto out;
+                a += n;
+            }
+        }
+        done = c1;
+        if (o->progress && o->progress(base_name(path), done, size, o->progress_ud)) {
+            rc = strata_err_set(err, STRATA_E_CANCELLED, "cancelled");
+            goto out;
+        }
+    }
+    strata_sha256_final(h, hex);
+out:
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    free(segs);
+    strata_sha256_free(h);
+    return rc;
+}
+
+/* Path to record for a source: relative when inside dir. */
+static const char *rel_to(const char *path, const char *dir)
+{
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/')
+        n--;
+    if (strncmp(path, dir, n) == 0 && path[n] == '/' && !strchr(path + n + 1, '/'))
+        return path + n + 1;
+    return NULL;
+}
+
+static int add_source(cJSON *arr, const char *path, const char *dir, uint64_t size,
+                      const char *hex, const char *role, const char *url,
+                      struct strata_err *err)
+{
+    cJSON *s = cJSON_CreateObject();
+    const char *rel = rel_to(path, dir);
+    char abs[PATH_MAX];
+    if (!s)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    if (!rel && path[0] != '/' && realpath(path, abs))
+        path = abs;
+    cJSON_AddStringToObject(s, "path", rel ? rel : path);
+    cJSON_AddStringToObject(s, "role", role);
+    jnum(s, "size", (double)size);
+    cJSON_AddStringToObject(s, "sha256", hex);
+    if (url)
+        cJSON_AddStringToObject(s, "url", url);
+    cJSON_AddItemToArray(arr, s);
+    return 0;
+}
+
+static const char *known_hash(const struct strata_pack_build_opts *o, const char *path)
+{
+    for (size_t i = 0; i < o->n_known; i++)
+        if (o->known[i].sha256 && strcmp(base_name(o->known[i].path), base_name(path)) == 0)
+            return o->known[i].sha256;
+    return NULL;
+}
+
+static const char *known_url(const struct strata_pack_build_opts *o, const char *path)
+{
+    for (size_t i = 0; i < o->n_known; i++)
+        if (o->known[i].url && strcmp(base_name(o->known[i].path), base_name(path)) == 0)
+            return o->known[i].url;
+    return NULL;
+}
+
+static int write_file_atomic(const char *dir, const char *name, const char *text,
+                             struct strata_err *err)
+{
+    int rc = 0, fd = -1;
+    char *tmp = NULL, *fin = path_join(dir, name);
+    if (fin)
+        tmp = malloc(strlen(fin) + 5);
+    if (!fin || !tmp) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    sprintf(tmp, "%s.tmp", fin);
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = strata_err_set(err, STRATA_E_IO, "cannot create '%s': %s", tmp, strerror(errno));
+        goto out;
+    }
+    rc = strata_pack_pwrite_all(fd, text, strlen(text), 0, tmp, err);
+    if (!rc && fsync(fd))
+        rc = strata_err_set(err, STRATA_E_IO, "cannot write '%s': %s", tmp, strerror(errno));
+    close(fd);
+    fd = -1;
+    if (!rc && rename(tmp, fin))
+        rc = strata_err_set(err, STRATA_E_IO, "cannot rename '%s': %s", tmp, strerror(errno));
+    if (rc)
+        unlink(tmp);
+out:
+    free(tmp);
+    free(fin);
+    return rc;
+}
+
+static cJSON *json_arch(const struct strata_gguf *g, const struct strata_pack_info *in)
+{
+    cJSON *a = cJSON_CreateObject();
+    if (!a)
+        return NULL;
+    cJSON_AddStringToObject(a, "arch", in->arch);
+    const char *name = NULL;
+    if (!strata_gguf_get_str(g, "general.name", &name, NULL))
+        cJSON_AddStringToObject(a, "name", name);
+    jnum(a, "n_layer", in->n_layer);
+    jnum(a, "n_embd", in->n_embd);
+    jnum(a, "n_head", in->n_head);
+    jnum(a, "n_head_kv", in->n_head_kv);
+    jnum(a, "n_vocab", in->n_vocab);
+    jnum(a, "n_expert", in->n_expert);
+    jnum(a, "n_expert_used", in->n_expert_used);
+    jnum(a, "n_ctx_train", in->n_ctx_train);
+    jnum(a, "n_params", (double)in->n_params);
+    /* every scalar ARCH.* key, as the GGUF spells it */
+    cJSON *hp = cJSON_AddObjectToObject(a, "hparams");
+    size_t al = strlen(in->arch);
+    for (uint64_t i = 0; hp && i < strata_gguf_n_kv(g); i++) {
+        const struct strata_gguf_kv *kv = strata_gguf_kv_at(g, i);
+        if (strncmp(kv->key, in->arch, al) || kv->key[al] != '.')
+            continue;
+        const char *k = kv->key + al + 1;
+        switch (kv->type) {
+        case STRATA_GGUF_UINT8: case STRATA_GGUF_UINT16: case STRATA_GGUF_UINT32:
+        case STRATA_GGUF_UINT64:
+            jnum(hp, k, (double)kv->v.u);
+            break;
+        case STRATA_GGUF_INT8: case STRATA_GGUF_INT16: case STRATA_GGUF_INT32:
+        case STRATA_GGUF_INT64:
+            jnum(hp, k, (double)kv->v.i);
+            break;
+        case STRATA_GGUF_FLOAT32: case STRATA_GGUF_FLOAT64:
+            jnum(hp, k, kv->v.f);
+            break;
+        case STRATA_GGUF_BOOL:
+            cJSON_AddBoolToObject(hp, k, kv->v.b);
+            break;
+        default:
+            break;
+        }
+    }
+    return a;
+}
+
+static cJSON *json_tokenizer(const struct strata_gguf *g, const struct strata_pack_info *in)
+{
+    cJSON *t = cJSON_CreateObject();
+    const char *s = NULL;
+    uint32_t id;
+    int b;
+    if (!t)
+        return NULL;
+    if (!strata_gguf_get_str(g, "tokenizer.ggml.model", &s, NULL))
+        cJSON_AddStringToObject(t, "model", s);
+    if (!strata_gguf_get_str(g, "tokenizer.ggml.pre", &s, NULL))
+        cJSON_AddStringToObject(t, "pre", s);
+    jnum(t, "n_tokens", in->n_vocab);
+    static const char *const ids[] = {"bos", "eos", "eot", "padding", "unknown"};
+    for (size_t i = 0; i < sizeof(ids) / sizeof(ids[0]); i++) {
+        char key[64];
+        snprintf(key, sizeof(key), "tokenizer.ggml.%s_token_id", ids[i]);
+        if (!strata_gguf_get_u32(g, key, &id, NULL))
+            jnum(t, ids[i], id);
+    }
+    if (!strata_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b, NULL))
+        cJSON_AddBoolToObject(t, "add_bos", b);
+    if (!strata_gguf_get_str(g, "tokenizer.chat_template", &s, NULL))
+        cJSON_AddStringToObject(t, "chat_template", s);
+    return t;
+}
+
+static cJSON *json_memory(const struct strata_pack_info *in)
+{
+    cJSON *m = cJSON_CreateObject();
+    if (!m)
+        return NULL;
+    jnum(m, "total_bytes", (double)in->total_bytes);
+    jnum(m, "dense_bytes", (double)in->dense_bytes);
+    jnum(m, "expert_bytes", (double)in->expert_bytes);
+    jnum(m, "expert_bytes_max", (double)in->expert_bytes_max);
+    jnum(m, "n_moe_layers", in->n_moe_layers);
+    jnum(m, "kv_bytes_per_token", (double)in->kv_bytes_per_token);
+    jnum(m, "scratch_bytes", (double)in->scratch_bytes);
+    jnum(m, "n_ctx", in->n_ctx);
+    jnum(m, "vram_min", (double)in->vram_min);
+    jnum(m, "vram_full", (double)in->vram_full);
+    jnum(m, "ram_bytes", (double)in->ram_bytes);
+    cJSON_AddBoolToObject(m, "low_ram", in->low_ram);
+    return m;
+}
+
+static cJSON *json_experts(const struct strata_pack_layer *L, uint32_t n, int repack,
+                           const char *hex, uint64_t size)
+{
+    cJSON *x = cJSON_CreateObject(), *layers;
+    if (!x)
+        return NULL;
+    if (repack) {
+        cJSON_AddStringToObject(x, "file", EXPERTS_BIN);
+        jnum(x, "size", (double)size);
+        cJSON_AddStringToObject(x, "sha256", hex);
+    } else {
+        cJSON_AddNullToObject(x, "file");
+    }
+    jnum(x, "record_align", STRATA_PACK_RECORD_ALIGN);
+    jnum(x, "part_align", STRATA_PACK_PART_ALIGN);
+    layers = cJSON_AddArrayToObject(x, "layers");
+    for (uint32_t i = 0; layers && i < n; i++) {
+        if (!L[i].n_parts)
+            continue;
+        cJSON *ly = cJSON_CreateObject();
+        cJSON_AddItemToArray(layers, ly);
+        jnum(ly, "layer", L[i].layer);
+        jnum(ly, "n_expert", L[i].n_expert);
+        jnum(ly, "record_offset", (double)L[i].record_offset);
+        jnum(ly, "record_size", (double)L[i].record_size);
+        cJSON *parts = cJSON_AddArrayToObject(ly, "parts");
+        for (uint32_t k = 0; parts && k < L[i].n_parts; k++) {
+            const struct strata_pack_part *p = &L[i].part[k];
+            cJSON *pj = cJSON_CreateObject();
+            cJSON_AddItemToArray(parts, pj);
+            cJSON_AddStringToObject(pj, "tensor", p->tensor);
+            cJSON_AddStringToObject(pj, "type", strata_ggml_type_name(p->type));
+            cJSON *sh = cJSON_AddArrayToObject(pj, "shape");
+            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)p->ne0));
+            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)p->ne1));
+            jnum(pj, "size", (double)p->n_bytes);
+            jnum(pj, "offset", (double)p->rec_offset);
+            jnum(pj, "source", p->src->shard);
+            jnum(pj, "source_offset", (double)p->src->offset);
+        }
+    }
+    return x;
+}
+
+int strata_pack_build(const struct strata_pack_build_opts *o, struct strata_err *err)
+{
+    int rc = 0, fd_out = -1;
+    struct strata_gguf *g = NULL, *mm = NULL;
+    struct strata_pack_layer *L = NULL;
+    uint32_t n_layer = 0;
+    char *tmp_path = NULL, *bin_path = NULL, *text = NULL;
+    char (*hex)[STRATA_SHA256_HEX] = NULL;
+    char bin_hex[STRATA_SHA256_HEX] = "";
+    uint64_t bin_size = 0;
+    cJSON *root = NULL;
+    struct strata_pack_info info;
+
+    rc = strata_gguf_open(&g, o->gguf, err);
+    if (rc)
+        goto out;
+    rc = build_layers(g, &L, &n_layer, err);
+    if (rc) {
+        strata_err_wrap(err, "indexing '%s'", o->gguf);
+        goto out;
+    }
+    fill_info(g, L, n_layer, o->n_ctx, o->low_ram, &info);
+    uint32_t n_shards = strata_gguf_n_shards(g);
+    hex = calloc(n_shards, sizeof(*hex));
+    bin_path = path_join(o->dir, EXPERTS_BIN);
+    tmp_path = path_join(o->dir, EXPERTS_BIN ".tmp");
+    if (!hex || !bin_path || !tmp_path) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    bin_size = experts_bin_size(L, n_layer);
+    if (o->repack) {
+        unlink(bin_path);
+        fd_out = open(tmp_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd_out < 0) {
+            rc = strata_err_set(err, STRATA_E_IO, "cannot create '%s': %s", tmp_path,
+                                strerror(errno));
+            goto out;
+        }
+        /* reserve the space up front: a full disk fails here, not hours in */
+        int e = posix_fallocate(fd_out, 0, (off_t)bin_size);
+        if (e && e != EOPNOTSUPP && e != EINVAL) {
+            rc = strata_err_set(err, STRATA_E_IO, "cannot write '%s': %s", tmp_path,
+                                strerror(e));
+            goto out;
+        }
+        if (bin_size) {  /* the hook sees the reservation too */
+            rc = strata_pack_pwrite_all(fd_out, "", 1, bin_size - 1, tmp_path, err);
+            if (rc)
+                goto out;
+        }
+    }
+    for (uint32_t s = 0; s < n_shards; s++) {
+        const char *k = known_hash(o, strata_gguf_shard_path(g, s));
+        if (k && fd_out < 0) {
+            snprintf(hex[s], STRATA_SHA256_HEX, "%s", k);
+            continue;
+        }
+        rc = pass_shard(g, s, L, n_layer, fd_out, tmp_path, hex[s], o, err);
+        if (rc)
+            goto out;
+        if (k && strcmp(k, hex[s])) {
+            rc = strata_err_set(err, STRATA_E_CHECKSUM,
+                                "'%s': sha256 %s, expected %s",
+                                strata_gguf_shard_path(g, s), hex[s], k);
+            goto out;
+        }
+    }
+    if (fd_out >= 0) {
+        if (fsync(fd_out)) {
+            rc = strata_err_set(err, STRATA_E_IO, "cannot write '%s': %s", tmp_path,
+                                strerror(errno));
+            goto out;
+        }
+        close(fd_out);
+        fd_out = -1;
+        uint64_t n = 0;
+        rc = strata_sha256_file(tmp_path, UINT64_MAX, bin_hex, &n, err);
+        if (rc)
+            goto out;
+        if (n != bin_size) {
+            rc = strata_err_set(err, STRATA_E_IO, "'%s' is %" PRIu64 " bytes, expected %"
+                                PRIu64, tmp_path, n, bin_size);
+            goto out;
+        }
+        if (rename(tmp_path, bin_path)) {
+            rc = strata_err_set(err, STRATA_E_IO, "cannot rename '%s': %s", tmp_path,
+                                strerror(errno));
+            goto out;
+        }
+    }
+
+    root = cJSON_CreateObject();
+    if (!root) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    cJSON_AddStringToObject(root, "format", "strata-pack");
+    jnum(root, "version", STRATA_PACK_FORMAT_VERSION);
+    cJSON_AddStringToObject(root, "name", o->name ? o->name : "model");
+    cJSON_AddStringToObject(root, "mode", o->repack ? "repacked" : "native");
+    cJSON *srcs = cJSON_AddArrayToObject(root, "sources");
+    for (uint32_t s = 0; s < n_shards; s++) {
+        const char *p = strata_gguf_shard_path(g, s);
+        rc = add_source(srcs, p, o->dir, strata_gguf_shard_size(g, s), hex[s], "model",
+                        known_url(o, p), err);
+        if (rc)
+            goto out;
+    }
+    if (o->mmproj) {
+        char mh[STRATA_SHA256_HEX];
+        const char *k = known_hash(o, o->mmproj);
+        uint64_t n = 0;
+        rc = strata_gguf_open(&mm, o->mmproj, err); /* refuse a broken projector */
+        if (rc)
+            goto out;
+        if (k)
+            snprintf(mh, sizeof(mh), "%s", k);
+        else if ((rc = strata_sha256_file(o->mmproj, UINT64_MAX, mh, &n, err)))
+            goto out;
+        rc = add_source(srcs, o->mmproj, o->dir, strata_gguf_shard_size(mm, 0), mh, "mmproj",
+                        known_url(o, o->mmproj), err);
+        if (rc)
+            goto out;
+    }
+    cJSON_AddItemToObject(root, "architecture", json_arch(g, &info));
+    cJSON_AddItemToObject(root, "tokenizer", json_tokenizer(g, &info));
+    cJSON *tens = cJSON_AddArrayToObject(root, "tensors");
+    for (uint64_t i = 0; tens && i < strata_gguf_n_tensors(g); i++) {
+        const struct strata_gguf_tensor *t = strata_gguf_tensor_at(g, i);
+        cJSON *tj = cJSON_CreateObject();
+        cJSON_AddItemToArray(tens, tj);
+        cJSON_AddStringToObject(tj, "name", t->name);
+        cJSON_AddStringToObject(tj, "type", strata_ggml_type_name(t->type));
+        cJSON_AddItemToObject(tj, "shape", jshape(t));
+        jnum(tj, "source", t->shard);
+        jnum(tj, "offset", (double)t->offset);
+        jnum(tj, "size", (double)t->n_bytes);
+    }
+    cJSON_AddItemToObject(root, "experts", json_experts(L, n_layer, o->repack, bin_hex,
+                                                        bin_size));
+    cJSON_AddItemToObject(root, "memory", json_memory(&info));
+    text = cJSON_Print(root);
+    if (!text) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    rc = write_file_atomic(o->dir, PACK_JSON, text, err);
+out:
+    if (fd_out >= 0)
+        close(fd_out);
+    if (rc && tmp_path)
+        unlink(tmp_path);
+    free(text);
+    cJSON_Delete(root);
+    free(hex);
+    free(bin_path);
+    free(tmp_path);
+    free(L);
+    strata_gguf_close(mm);
+    strata_gguf_close(g);
+    return rc;
+}
+
+/* ---- open -------------------------------------------------------------- */
+
+static int read_text(const char *path, char **out, struct strata_err *err)
+{
+    int rc = 0;
+    FILE *f = fopen(path, "rb");
+    char *buf = NULL;
+    long n;
+    if (!f)
+        return strata_err_set(err, errno == ENOENT ? STRATA_E_NOTFOUND : STRATA_E_IO,
+                              "cannot open '%s': %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET)) {
+        rc = strata_err_set(err, STRATA_E_IO, "cannot read '%s'", path);
+        goto out;
+    }
+    if (n > (256l << 20)) {
+        rc = strata_err_set(err, STRATA_E_FORMAT, "'%s' is too large (%ld bytes)", path, n);
+        goto out;
+    }
+    buf = malloc((size_t)n + 1);
+    if (!buf) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        rc = strata_err_set(err, STRATA_E_IO, "cannot read '%s'", path);
+        goto out;
+    }
+    buf[n] = 0;
+    *out = buf;
+    buf = NULL;
+out:
+    free(buf);
+    fclose(f);
+    return rc;
+}
+
+/* Resolve a source path recorded in pack.json (malloc'ed). */
+static char *source_path(const char *dir, const char *p)
+{
+    return p[0] == '/' ? strdup(p) : path_join(dir, p);
+}
+
+static int check_file_size(const char *path, uint64_t want, struct strata_err *err)
+{
+    struct stat st;
+    if (stat(path, &st))
+        return strata_err_set(err, errno == ENOENT ? STRATA_E_NOTFOUND : STRATA_E_IO,
+                              "missing file '%s': %s", path, strerror(errno));
+    if ((uint64_t)st.st_size != want)
+        return strata_err_set(err, STRATA_E_FORMAT,
+                              "'%s' is %" PRIu64 " bytes, the pack records %" PRIu64
+                              " (truncated or replaced)", path, (uint64_t)st.st_size, want);
+    return 0;
+}
+
+static int check_index(struct strata_pack *p, const cJSON *root, const char *pj,
+                       struct strata_err *err)
+{
+    const cJSON *tens = cJSON_GetObjectItemCaseSensitive(root, "tensors"), *t;
+    if (!cJSON_IsArray(tens) ||
+        (uint64_t)cJSON_GetArraySize(tens) != strata_gguf_n_tensors(p->g))
+        return strata_err_set(err, STRATA_E_FORMAT,
+                              "'%s': tensor index does not match the GGUF (%" PRIu64
+                              " tensors)", pj, strata_gguf_n_tensors(p->g));
+    cJSON_ArrayForEach(t, tens) {
+        const char *name = jget_s(t, "name"), *type = jget_s(t, "type");
+        const struct strata_gguf_tensor *gt = name ? strata_gguf_find_tensor(p->g, name) : NULL;
+        if (!gt || !type || strata_ggml_type_from_name(type) != (int)gt->type ||
+            jget_u(t, "source") != gt->shard || jget_u(t, "offset") != (int64_t)gt->offset ||
+            jget_u(t, "size") != (int64_t)gt->n_bytes)
+            return strata_err_set(err, STRATA_E_FORMAT,
+                                  "'%s': index entry of tensor '%s' does not match the GGUF",
+                                  pj, name ? name : "?");
+    }
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(root, "experts"), *ly;
+    const cJSON *layers = cJSON_GetObjectItemCaseSensitive(x, "layers");
+    uint32_t n_moe = 0;
+    for (uint32_t i = 0; i < p->n_layer; i++)
+        n_moe += p->layers[i].n_parts > 0;
+    if (!cJSON_IsArray(layers) || (uint32_t)cJSON_GetArraySize(layers) != n_moe)
+        return strata_err_set(err, STRATA_E_FORMAT,
+                              "'%s': expert index does not match the GGUF", pj);
+    cJSON_ArrayForEach(ly, layers) {
+        int64_t il = jget_u(ly, "layer");
+        const struct strata_pack_layer *L =
+            il >= 0 && il < p->n_layer ? &p->layers[il] : NULL;
+        const cJSON *parts = cJSON_GetObjectItemCaseSensitive(ly, "parts");
+        if (!L || !L->n_parts || jget_u(ly, "record_offset") != (int64_t)L->record_offset ||
+            jget_u(ly, "record_size") != (int64_t)L->record_size ||
+            !cJSON_IsArray(parts) || (uint32_t)cJSON_GetArraySize(parts) != L->n_parts)
+            return strata_err_set(err, STRATA_E_FORMAT,
+                                  "'%s': expert index of layer %" PRId64
+                                  " does not match the GGUF", pj, il);
+        for (uint32_t k = 0; k < L->n_parts; k++) {
+            const cJSON *pt = cJSON_GetArrayItem(parts, (int)k);
+            const char *tn = jget_s(pt, "tensor");
+            if (!tn || strcmp(tn, L->part[k].tensor) ||
+                jget_u(pt, "offset") != (int64_t)L->part[k].rec_offset ||
+                jget_u(pt, "size") != (int64_t)L->part[k].n_bytes)
+                return strata_err_set(err, STRATA_E_FORMAT,
+                                      "'%s': expert part %u of layer %" PRId64
+                                      " does not match the GGUF", pj, k, il);
+        }
+    }
+    return 0;
+}
+
+static int open_dir(struct strata_pack *p, const char *dir, struct strata_err *err)
+{
+    int rc = 0;
+    char *pj = path_join(dir, PACK_JSON), *text = NULL, *first = NULL, *bin = NULL;
+    cJSON *root = NULL;
+    const cJSON *srcs, *s;
+    uint32_t n_model = 0;
+    if (!pj)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    rc = read_text(pj, &text, err);
+    if (rc) {
+        if (rc == STRATA_E_NOTFOUND)
+            strata_err_set(err, rc, "'%s' is not a pack: no %s", dir, PACK_JSON);
+        goto out;
+    }
+    root = cJSON_Parse(text);
+    const char *fmt = jget_s(root, "format"), *mode = jget_s(root, "mode");
+    int64_t ver = jget_u(root, "version");
+    if (!root || !fmt || strcmp(fmt, "strata-pack") || ver < 1 || !mode) {
+        rc = strata_err_set(err, STRATA_E_FORMAT, "'%s' is not a strata pack description", pj);
+        goto out;
+    }
+    if (ver > STRATA_PACK_FORMAT_VERSION) {
+        rc = strata_err_set(err, STRATA_E_UNSUPPORTED,
+                            "'%s': pack format version %" PRId64 " is newer than %d", pj, ver,
+                            STRATA_PACK_FORMAT_VERSION);
+        goto out;
+    }
+    p->mode = strcmp(mode, "repacked") == 0 ? STRATA_PACK_REPACKED : STRATA_PACK_NATIVE;
+    srcs = cJSON_GetObjectItemCaseSensitive(root, "sources");
+    cJSON_ArrayForEach(s, srcs) {
+        const char *path = jget_s(s, "path"), *role = jget_s(s, "role");
+        int64_t size = jget_u(s, "size");
+        char *full;
+        if (!path || size < 0 || !strata_sha256_is_hex(jget_s(s, "sha256"))) {
+            rc = strata_err_set(err, STRATA_E_FORMAT, "'%s': bad entry in \"sources\"", pj);
+            goto out;
+        }
+        full = source_path(dir, path);
+        if (!full) {
+            rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+            goto out;
+        }
+        rc = check_file_size(full, (uint64_t)size, err);
+        if (!rc && (!role || strcmp(role, "model") == 0) && n_model++ == 0)
+            first = full;
+        else
+            free(full);
+        if (rc)
+            goto out;
+    }
+    if (!first) {
+        rc = strata_err_set(err, STRATA_E_FORMAT, "'%s': no model source", pj);
+        goto out;
+    }
+    rc = strata_gguf_open(&p->g, first, err);
+    if (rc)
+        goto out;
+    if (strata_gguf_n_shards(p->g) != n_model) {
+        rc = strata_err_set(err, STRATA_E_FORMAT, "'%s' lists %u model files, the GGUF has %u",
+                            pj, n_model, strata_gguf_n_shards(p->g));
+        goto out;
+    }
+    rc = build_layers(p->g, &p->layers, &p->n_layer, err);
+    if (rc)
+        goto out;
+    rc = check_index(p, root, pj, err);
+    if (rc)
+        goto out;
+    const cJSON *mem = cJSON_GetObjectItemCaseSensitive(root, "memory");
+    int64_t nctx = jget_u(mem, "n_ctx");
+    p->n_ctx_recorded = nctx > 0 && nctx <= UINT32_MAX ? (uint32_t)nctx : 0;
+    p->low_ram = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(mem, "low_ram"));
+    if (p->mode == STRATA_PACK_REPACKED) {
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(root, "experts");
+        int64_t size = jget_u(x, "size");
+        p->experts_size = experts_bin_size(p->layers, p->n_layer);
+        bin = path_join(dir, EXPERTS_BIN);
+        if (!bin) {
+            rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+            goto out;
+        }
+        if (size != (int64_t)p->experts_size) {
+            rc = strata_err_set(err, STRATA_E_FORMAT, "'%s': experts size does not match "
+                                "the index", pj);
+            goto out;
+        }
+        rc = check_file_size(bin, p->experts_size, err);
+        if (rc)
+            goto out;
+        p->experts_fd = open(bin, O_RDONLY | O_CLOEXEC);
+        if (p->experts_fd < 0) {
+            rc = strata_err_set(err, STRATA_E_IO, "cannot open '%s': %s", bin, strerror(errno));
+            goto out;
+        }
+        if (p->experts_size) {
+            void *m = mmap(NULL, p->experts_size, PROT_READ, MAP_SHARED, p->experts_fd, 0);
+            if (m == MAP_FAILED) {
+                rc = strata_err_set(err, STRATA_E_IO, "cannot map '%s': %s", bin,
+                                    strerror(errno));
+                goto out;
+            }
+            p->experts_map = m;
+        }
+    }
+out:
+    cJSON_Delete(root);
+    free(text);
+    free(pj);
+    free(first);
+    free(bin);
+    return rc;
+}
+
+int strata_pack_open(struct strata_pack **out, const char *path, struct strata_err *err)
+{
+    int rc = 0;
+    struct stat st;
+    struct strata_pack *p = calloc(1, sizeof(*p));
+    char *dir = NULL;
+    if (!p)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    p->experts_fd = -1;
+    if (stat(path, &st)) {
+        rc = strata_err_set(err, errno == ENOENT ? STRATA_E_NOTFOUND : STRATA_E_IO,
+                            "cannot open '%s': %s", path, strerror(errno));
+        goto out;
+    }
+    size_t n = strlen(path);
+    if (S_ISDIR(st.st_mode)) {
+        dir = strdup(path);
+    } else if (n >= 9 && strcmp(path + n - 9, PACK_JSON) == 0) {
+        dir = strdup(path);
+        if (dir) {
+            char *sl = strrchr(dir, '/');
+            if (sl)
+                *sl = 0;
+            else
+                strcpy(dir, ".");
+        }
+    } else {
+        p->mode = STRATA_PACK_NATIVE;
+        rc = strata_gguf_open(&p->g, path, err);
+        if (!rc)
+            rc = build_layers(p->g, &p->layers, &p->n_layer, err);
+        goto out;
+    }
+    if (!dir) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    rc = open_dir(p, dir, err);
+    p->dir = dir;
+    dir = NULL;
+out:
+    free(dir);
+    if (rc) {
+        strata_pack_close(p);
+        p = NULL;
+    }
+    *out = p;
+    return rc;
+}
+
+void strata_pack_close(struct strata_pack *p)
+{
+    if (!p)
+        return;
+    if (p->experts_map)
+        munmap((void *)p->experts_map, p->experts_size);
+    if (p->experts_fd >= 0)
+        close(p->experts_fd);
+    free(p->layers);
+    free(p->dir);
+    strata_gguf_close(p->g);
+    free(p);
+}
+
+const struct strata_gguf *strata_pack_gguf(const struct strata_pack *p)
+{
+    return p->g;
+}
+
+int strata_pack_mode(const struct strata_pack *p)
+{
+    return p->mode;
+}
+
+const char *strata_pack_dir(const struct strata_pack *p)
+{
+    return p->dir;
+}
+
+void strata_pack_get_info(const struct strata_pack *p, uint32_t n_ctx,
+                          struct strata_pack_info *out)
+{
+    fill_info(p->g, p->layers, p->n_layer, n_ctx ? n_ctx : p->n_ctx_recorded,
+              p->dir ? p->low_ram : 0, out);
+}
+
+const struct strata_pack_layer *strata_pack_layer(const struct strata_pack *p, uint32_t il)
+{
+    return il < p->n_layer && p->layers[il].n_parts ? &p->layers[il] : NULL;
+}
+
+int strata_pack_expert(const struct strata_pack *p, uint32_t il, uint32_t ie,
+                       struct strata_pack_expert *out, struct strata_err *err)
+{
+    const struct strata_pack_layer *L = strata_pack_layer(p, il);
+    memset(out, 0, sizeof(*out));
+    out->fd = -1;
+    if (!L)
+        return strata_err_set(err, STRATA_E_INVALID, "layer %u has no routed experts", il);
+    if (ie >= L->n_expert)
+        return strata_err_set(err, STRATA_E_INVALID, "expert %u of layer %u: the layer has %u",
+                              ie, il, L->n_expert);
+    out->n_parts = L->n_parts;
+    if (p->mode == STRATA_PACK_REPACKED) {
+        out->record_offset = L->record_offset + (uint64_t)ie * L->record_size;
+        out->record_size = L->record_size;
+        out->record = p->experts_map + out->record_offset;
+        out->fd = p->experts_fd;
+        for (uint32_t k = 0; k < L->n_parts; k++)
+            out->part[k] = (const unsigned char *)out->record + L->part[k].rec_offset;
+    } else {
+        for (uint32_t k = 0; k < L->n_parts; k++)
+            out->part[k] = (const unsigned char *)L->part[k].src->data +
+                           (uint64_t)ie * L->part[k].n_bytes;
+    }
+    return 0;
+}
+
+/* ---- verify, commit ---------------------------------------------------- */
+
+struct vctx {
+    strata_pack_progress_fn fn;
+    void *ud;
+};
+
+static int verify_file(const char *path, uint64_t size, const char *want, const char *pj,
+                       struct strata_err *err)
+{
+    char hex[STRATA_SHA256_HEX];
+    uint64_t n = 0;
+    int rc = check_file_size(path, size, err);
+    if (rc)
+        return rc;
+    rc = strata_sha256_file(path, UINT64_MAX, hex, &n, err);
+    if (rc)
+        return rc;
+    if (strcasecmp(hex, want))
+        return strata_err_set(err, STRATA_E_CHECKSUM,
+                              "'%s': sha256 %s does not match %s recorded in '%s'", path, hex,
+                              want, pj);
+    return 0;
+}
+
+int strata_pack_verify(const char *dir, strata_pack_progress_fn progress, void *ud,
+                       struct strata_err *err)
+{
+    int rc;
+    struct strata_pack *p = NULL;
+    char *pj = NULL, *text = NULL, *full = NULL;
+    cJSON *root = NULL;
+    const cJSON *s;
+    uint64_t total = 0, done = 0;
+    rc = strata_pack_open(&p, dir, err);
+    if (rc)
+        goto out;
+    if (!p->dir) {
+        rc = strata_err_set(err, STRATA_E_INVALID, "'%s' is a GGUF file, not a pack", dir);
+        goto out;
+    }
+    pj = path_join(p->dir, PACK_JSON);
+    if (!pj) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    rc = read_text(pj, &text, err);
+    if (rc)
+        goto out;
+    root = cJSON_Parse(text);
+    if (!root) {
+        rc = strata_err_set(err, STRATA_E_FORMAT, "'%s' is not valid JSON", pj);
+        goto out;
+    }
+    const cJSON *srcs = cJSON_GetObjectItemCaseSensitive(root, "sources");
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(root, "experts");
+    cJSON_ArrayForEach(s, srcs)
+        total += (uint64_t)jget_u(s, "size");
+    if (p->mode == STRATA_PACK_REPACKED)
+        total += p->experts_size;
+    cJSON_ArrayForEach(s, srcs) {
+        full = source_path(p->dir, jget_s(s, "path"));
+        if (!full) {
+            rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+            goto out;
+        }
+        rc = verify_file(full, (uint64_t)jget_u(s, "size"), jget_s(s, "sha256"), pj, err);
+        if (rc)
+            goto out;
+        done += (uint64_t)jget_u(s, "size");
+        if (progress && progress(base_name(full), done, total, ud)) {
+            rc = strata_err_set(err, STRATA_E_CANCELLED, "cancelled");
+            goto out;
+        }
+        free(full);
+        full = NULL;
+    }
+    if (p->mode == STRATA_PACK_REPACKED) {
+        const char *want = jget_s(x, "sha256");
+        full = path_join(p->dir, EXPERTS_BIN);
+        if (!full || !strata_sha256_is_hex(want)) {
+            rc = strata_err_set(err, full ? STRATA_E_FORMAT : STRATA_E_NOMEM,
+                                "'%s': experts.bin has no valid sha256", pj);
+            goto out;
+        }
+        rc = verify_file(full, p->experts_size, want, pj, err);
+        if (rc)
+            goto out;
+        if (progress)
+            progress(EXPERTS_BIN, total, total, ud);
+    }
+out:
+    free(full);
+    cJSON_Delete(root);
+    free(text);
+    free(pj);
+    strata_pack_close(p);
+    return rc;
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path) ? -1 : 0;
+}
+
+int strata_pack_remove_tree(const char *dir, struct strata_err *err)
+{
+    struct stat st;
+    if (lstat(dir, &st) && errno == ENOENT)
+        return 0;
+    if (nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS))
+        return strata_err_set(err, STRATA_E_IO, "cannot remove '%s': %s", dir,
+                              strerror(errno));
+    return 0;
+}
+
+int strata_pack_commit(const char *dir_partial, const char *dir_final, int force,
+                       struct strata_err *err)
+{
+    struct stat st;
+    int rc = 0;
+    char *aside = NULL;
+    if (lstat(dir_final, &st) == 0) {
+        if (!force)
+            return strata_err_set(err, STRATA_E_INVALID,
+                                  "'%s' already exists (use --force to replace it)",
+                                  dir_final);
+        aside = malloc(strlen(dir_final) + 32);
+        if (!aside)
+            return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        sprintf(aside, "%s.old-%ld", dir_final, (long)getpid());
+        if (rename(dir_final, aside)) {
+            rc = strata_err_set(err, STRATA_E_IO, "cannot move '%s' aside: %s", dir_final,
+                                strerror(errno));
+            goto out;
+        }
+    }
+    if (rename(dir_partial, dir_final)) {
+        rc = strata_err_set(err, STRATA_E_IO, "cannot rename '%s' to '%s': %s", dir_partial,
+                            dir_final, strerror(errno));
+        if (aside)
+            rename(aside, dir_final);
+        goto out;
+    }
+    if (aside)
+        rc = strata_pack_remove_tree(aside, err);
+out:
+    free(aside);
+    return rc;
+}
