@@ -1,0 +1,595 @@
+/* strata-generate - run a model: generate text, score perplexity, dump logits. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "engine.h"
+#include "err.h"
+#include "generate.h"
+#include "gguf.h"
+#include "log.h"
+#include "model.h"
+#include "sampler.h"
+#include "vocab.h"
+
+static const char usage_text[] =
+    "usage: strata-generate -m MODEL [-p TEXT | -f FILE] [-n N] [options]\n"
+    "       strata-generate -m MODEL --perplexity FILE [--ctx N] [--chunks K]\n"
+    "       strata-generate -m MODEL -p TEXT --dump-logits FILE\n"
+    "\n"
+    "  -m, --model MODEL       GGUF model file\n"
+    "  -p, --prompt TEXT       prompt text (default: read stdin)\n"
+    "  -f, --file FILE         read the prompt from FILE\n"
+    "      --prompt-ids LIST   prompt as comma-separated token ids\n"
+    "  -n, --n-predict N       tokens to generate (default -1: until EOS or ctx full)\n"
+    "      --echo              print the prompt before the continuation\n"
+    "      --json              one JSON object per line: each token, then a summary\n"
+    "      --temp T            temperature (default 0.8; 0 = greedy)\n"
+    "      --top-k K           top-k (default 40; <= 0 disables)\n"
+    "      --top-p P           top-p (default 0.95; 1 disables)\n"
+    "      --min-p P           min-p (default 0.05; 0 disables)\n"
+    "      --repeat-penalty F  repetition penalty (default 1 = off)\n"
+    "      --repeat-last-n N   tokens the penalties look at (default 64; -1 all)\n"
+    "      --presence-penalty F, --frequency-penalty F  (default 0 = off)\n"
+    "      --seed S            RNG seed (default 0)\n"
+    "      --stop TEXT         stop string (repeatable)\n"
+    "      --ignore-eos        do not stop at end-of-generation tokens\n"
+    "      --top-logprobs N    alternatives per token in --json (0..20)\n"
+    "  -t, --threads N         worker threads (default: all CPUs)\n"
+    "  -c, --ctx N             context size (default min(model's, 4096))\n"
+    "      --prefill N         prompt chunk size (default 512)\n"
+    "      --kv-type f16|f32   kv cache type (default f16)\n"
+    "      --backend NAME      cpu (default), auto\n"
+    "      --perplexity FILE   perplexity of FILE as llama-perplexity computes it\n"
+    "      --chunks K          perplexity: first K chunks (default all)\n"
+    "      --dump-logits FILE  write float32 logits after every prompt position\n"
+    "  -v, --verbose           more diagnostics on stderr\n"
+    "  -h, --help              show this help\n"
+    "\n"
+    "exit status: 0 ok; 1 failure; 2 usage; 3 bad input (model file, empty\n"
+    "prompt, prompt longer than --ctx); 4 GPU error; 5 out of memory.\n";
+
+#define PROG "strata-generate"
+#define MAX_STOP 16
+
+struct opts {
+    const char *model, *prompt, *prompt_file, *prompt_ids;
+    const char *perplexity, *dump_logits;
+    int chunks, echo, json, verbose;
+    const char *stop[MAX_STOP];
+    size_t n_stop;
+    struct strata_gen_params gp;
+    struct strata_engine_opts eo;
+};
+
+/* ---- helpers ---- */
+
+static int parse_int(const char *opt, const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) {
+        fprintf(stderr, PROG ": invalid %s '%s' (%ld..%ld)\n", opt, s, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_float(const char *opt, const char *s, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end || v != v) {
+        fprintf(stderr, PROG ": invalid %s '%s'\n", opt, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int read_all(FILE *f, char **out, size_t *len)
+{
+    size_t cap = 4096, n = 0;
+    char *b = malloc(cap);
+    if (!b)
+        return -1;
+    for (;;) {
+        if (n + 4096 + 1 > cap) {
+            char *q = realloc(b, cap * 2);
+            if (!q) {
+                free(b);
+                return -1;
+            }
+            b = q;
+            cap *= 2;
+        }
+        size_t r = fread(b + n, 1, 4096, f);
+        n += r;
+        if (r == 0)
+            break;
+    }
+    if (ferror(f)) {
+        free(b);
+        return -1;
+    }
+    b[n] = 0;
+    *out = b;
+    *len = n;
+    return 0;
+}
+
+static int read_file(const char *path, char **out, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, PROG ": cannot open '%s': %s\n", path, strerror(errno));
+        return -1;
+    }
+    int rc = read_all(f, out, len);
+    if (rc)
+        fprintf(stderr, PROG ": cannot read '%s': %s\n", path, strerror(errno));
+    fclose(f);
+    return rc;
+}
+
+static int fail(const struct strata_err *err)
+{
+    fprintf(stderr, PROG ": %s\n", err->msg);
+    return strata_err_exit_code(err->code);
+}
+
+/* Parse "1,2,3" into ids. */
+static int parse_ids(const char *s, int32_t **ids, size_t *n)
+{
+    size_t cap = 16, k = 0;
+    int32_t *a = malloc(cap * sizeof *a);
+    if (!a)
+        return -1;
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (errno || end == p || v < 0 || v > INT32_MAX) {
+            fprintf(stderr, PROG ": invalid --prompt-ids '%s'\n", s);
+            free(a);
+            return -1;
+        }
+        if (k == cap) {
+            int32_t *q = realloc(a, cap * 2 * sizeof *q);
+            if (!q) {
+                free(a);
+                return -1;
+            }
+            a = q;
+            cap *= 2;
+        }
+        a[k++] = (int32_t)v;
+        p = end;
+        while (*p == ',' || *p == ' ')
+            p++;
+    }
+    *ids = a;
+    *n = k;
+    return 0;
+}
+
+/* The prompt's token ids from --prompt-ids, -p, -f or stdin. */
+static int get_prompt(const struct opts *o, const struct strata_vocab *v, int32_t **ids,
+                      size_t *n_ids, struct strata_err *err)
+{
+    char *text = NULL;
+    size_t len = 0;
+    int rc;
+    if (o->prompt_ids) {
+        if (parse_ids(o->prompt_ids, ids, n_ids))
+            return strata_err_set(err, STRATA_E_INVALID, "invalid --prompt-ids");
+        if (*n_ids == 0) {
+            free(*ids);
+            *ids = NULL;
+            return strata_err_set(err, STRATA_E_FORMAT, "empty prompt");
+        }
+        return 0;
+    }
+    if (o->prompt) {
+        text = strdup(o->prompt);
+        len = strlen(o->prompt);
+        if (!text)
+            return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    } else if (o->prompt_file) {
+        if (read_file(o->prompt_file, &text, &len))
+            return strata_err_set(err, STRATA_E_IO, "cannot read the prompt file '%s'",
+                                  o->prompt_file);
+    } else {
+        if (read_all(stdin, &text, &len))
+            return strata_err_set(err, STRATA_E_IO, "cannot read the prompt from stdin");
+    }
+    if (len == 0) {
+        free(text);
+        return strata_err_set(err, STRATA_E_FORMAT, "empty prompt (give -p TEXT, -f FILE or "
+                              "text on stdin)");
+    }
+    rc = strata_vocab_tokenize(v, text, len, strata_vocab_add_bos(v), 1, ids, n_ids, err);
+    free(text);
+    return rc;
+}
+
+/* ---- mode: generate ---- */
+
+struct gen_out {
+    const struct opts *o;
+};
+
+static int on_token(const struct strata_gen_token *t, void *ud)
+{
+    struct gen_out *g = ud;
+    if (!g->o->json) {
+        if (t->text_len)
+            fwrite(t->text, 1, t->text_len, stdout);
+        fflush(stdout);
+        return 0;
+    }
+    if (t->index < 0) { /* text released at the end */
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "text", t->text);
+        char *s = cJSON_PrintUnformatted(j);
+        if (s)
+            printf("%s\n", s);
+        free(s);
+        cJSON_Delete(j);
+        return 0;
+    }
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddNumberToObject(j, "id", t->id);
+    char *txt = malloc(t->text_len + 1);
+    if (txt) {
+        memcpy(txt, t->text, t->text_len);
+        txt[t->text_len] = 0;
+        cJSON_AddStringToObject(j, "text", txt);
+        free(txt);
+    }
+    cJSON_AddNumberToObject(j, "logprob", t->logprob);
+    if (t->n_top > 0) {
+        cJSON *a = cJSON_AddArrayToObject(j, "top_logprobs");
+        for (int i = 0; i < t->n_top; i++) {
+            if (t->top[i].id < 0)
+                continue;
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "id", t->top[i].id);
+            cJSON_AddNumberToObject(e, "logprob", t->top[i].logprob);
+            cJSON_AddItemToArray(a, e);
+        }
+    }
+    char *s = cJSON_PrintUnformatted(j);
+    if (s)
+        printf("%s\n", s);
+    free(s);
+    cJSON_Delete(j);
+    fflush(stdout);
+    return 0;
+}
+
+static int echo_prompt(const struct strata_vocab *v, const int32_t *ids, size_t n)
+{
+    struct strata_detok d;
+    struct strata_err err = { 0 };
+    size_t cap = STRATA_DETOK_OUT_MAX(v), k;
+    char *buf = malloc(cap);
+    if (!buf)
+        return -1;
+    strata_detok_init(&d, v, 0);
+    for (size_t i = 0; i < n; i++) {
+        if (strata_detok_push(&d, ids[i], buf, cap, &k, &err) == 0)
+            fwrite(buf, 1, k, stdout);
+    }
+    strata_detok_flush(&d, buf, cap, &k);
+    fwrite(buf, 1, k, stdout);
+    free(buf);
+    return 0;
+}
+
+static int write_logits(struct strata_engine *e, const int32_t *ids, size_t n,
+                        const char *path, struct strata_err *err)
+{
+    const int32_t nv = strata_engine_n_vocab(e);
+    int rc = 0;
+    if (n > (size_t)strata_engine_n_ctx(e))
+        return strata_err_set(err, STRATA_E_LIMIT, "prompt of %zu tokens does not fit the "
+                              "context of %d tokens (raise --ctx)", n,
+                              strata_engine_n_ctx(e));
+    float *l = malloc(n * (size_t)nv * sizeof *l);
+    if (!l)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    if ((rc = strata_engine_rollback(e, 0, err)) ||
+        (rc = strata_engine_eval(e, ids, (int32_t)n, STRATA_LOGITS_ALL, l, err)))
+        goto out;
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        rc = strata_err_set(err, STRATA_E_IO, "cannot create '%s': %s", path, strerror(errno));
+        goto out;
+    }
+    size_t w = fwrite(l, sizeof *l, n * (size_t)nv, f);
+    if (fclose(f) != 0 || w != n * (size_t)nv)
+        rc = strata_err_set(err, STRATA_E_IO, "cannot write '%s'", path);
+out:
+    free(l);
+    return rc;
+}
+
+static int run_generate(struct opts *o, struct strata_engine *e, const struct strata_vocab *v)
+{
+    struct strata_err err = { 0 };
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    struct strata_gen_result res = { 0 };
+    int rc;
+    if ((rc = get_prompt(o, v, &ids, &n_ids, &err)))
+        goto out;
+    if (n_ids == 0) {
+        rc = strata_err_set(&err, STRATA_E_FORMAT, "empty prompt");
+        goto out;
+    }
+    if (n_ids > (size_t)strata_engine_n_ctx(e)) {
+        rc = strata_err_set(&err, STRATA_E_FORMAT, "prompt of %zu tokens does not fit the "
+                            "context of %d tokens (raise --ctx)", n_ids,
+                            strata_engine_n_ctx(e));
+        goto out;
+    }
+    if (o->dump_logits && (rc = write_logits(e, ids, n_ids, o->dump_logits, &err)))
+        goto out;
+    if (o->dump_logits && o->gp.n_predict < 0)
+        goto out; /* only the logits were asked for */
+    if (o->echo && !o->json) {
+        echo_prompt(v, ids, n_ids);
+        fflush(stdout);
+    }
+    o->gp.stop = o->stop;
+    o->gp.n_stop = o->n_stop;
+    struct gen_out g = { o };
+    rc = strata_generate(e, v, ids, n_ids, &o->gp, on_token, &g, &res, &err);
+    if (rc)
+        goto out;
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddBoolToObject(j, "done", 1);
+        cJSON_AddNumberToObject(j, "n_prompt", res.n_prompt);
+        cJSON_AddNumberToObject(j, "n_cached", res.n_cached);
+        cJSON_AddNumberToObject(j, "n_gen", res.n_gen);
+        cJSON_AddNumberToObject(j, "prefill_ms", res.t_prefill_ms);
+        cJSON_AddNumberToObject(j, "decode_ms", res.t_decode_ms);
+        cJSON_AddNumberToObject(j, "prefill_tps", res.prefill_tps);
+        cJSON_AddNumberToObject(j, "decode_tps", res.decode_tps);
+        cJSON_AddStringToObject(j, "stop_reason", strata_stop_reason_name(res.stop_reason));
+        if (res.stop_index >= 0)
+            cJSON_AddNumberToObject(j, "stop_index", res.stop_index);
+        cJSON_AddStringToObject(j, "text", res.text);
+        char *s = cJSON_PrintUnformatted(j);
+        if (s)
+            printf("%s\n", s);
+        free(s);
+        cJSON_Delete(j);
+    } else {
+        if (res.n_gen > 0 || o->echo)
+            printf("\n");
+    }
+    fflush(stdout);
+    if (o->verbose || !o->json)
+        strata_log_info("prompt %d tokens (%d cached) %.1f tok/s; generated %d tokens "
+                        "%.1f tok/s; stop: %s", res.n_prompt, res.n_cached, res.prefill_tps,
+                        res.n_gen, res.decode_tps, strata_stop_reason_name(res.stop_reason));
+out:
+    strata_gen_result_free(&res);
+    free(ids);
+    if (rc) {
+        /* a prompt that does not fit is bad input */
+        if (err.code == STRATA_E_LIMIT && strstr(err.msg, "does not fit"))
+            err.code = STRATA_E_FORMAT;
+        return fail(&err);
+    }
+    return 0;
+}
+
+/* ---- mode: perplexity ---- */
+
+static void ppl_progress(int chunk, int n_chunk, double ppl, void *ud)
+{
+    (void)ud;
+    fprintf(stderr, "[%d]%.4f,", chunk + 1, ppl);
+    if (chunk + 1 == n_chunk)
+        fprintf(stderr, "\n");
+}
+
+static int run_perplexity(struct opts *o, struct strata_engine *e,
+                          const struct strata_vocab *v)
+{
+    struct strata_err err = { 0 };
+    char *text = NULL;
+    size_t len = 0;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    int rc;
+    if (read_file(o->perplexity, &text, &len))
+        return STRATA_EXIT_FAILURE;
+    int add_bos = strata_vocab_add_bos(v);
+    if ((rc = strata_vocab_tokenize(v, text, len, add_bos, 1, &ids, &n_ids, &err)))
+        goto out;
+    double ppl = 0, pe = 0;
+    if ((rc = strata_perplexity(e, ids, n_ids, strata_engine_n_ctx(e), o->chunks, add_bos,
+                                strata_vocab_bos(v), ppl_progress, NULL, &ppl, &pe, &err)))
+        goto out;
+    printf("PPL = %.4f +/- %.5f\n", ppl, pe);
+out:
+    free(text);
+    free(ids);
+    return rc ? fail(&err) : 0;
+}
+
+/* ---- main ---- */
+
+enum {
+    OPT_ECHO = 256, OPT_JSON, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_RPEN, OPT_RLAST,
+    OPT_PPEN, OPT_FPEN, OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_TOPLP, OPT_PREFILL, OPT_KV,
+    OPT_BACKEND, OPT_PPL, OPT_CHUNKS, OPT_DUMP, OPT_IDS,
+};
+
+int main(int argc, char **argv)
+{
+    strata_log_set_prog(PROG);
+    static const struct option longopts[] = {
+        {"model", required_argument, NULL, 'm'},
+        {"prompt", required_argument, NULL, 'p'},
+        {"file", required_argument, NULL, 'f'},
+        {"prompt-ids", required_argument, NULL, OPT_IDS},
+        {"n-predict", required_argument, NULL, 'n'},
+        {"echo", no_argument, NULL, OPT_ECHO},
+        {"json", no_argument, NULL, OPT_JSON},
+        {"temp", required_argument, NULL, OPT_TEMP},
+        {"top-k", required_argument, NULL, OPT_TOPK},
+        {"top-p", required_argument, NULL, OPT_TOPP},
+        {"min-p", required_argument, NULL, OPT_MINP},
+        {"repeat-penalty", required_argument, NULL, OPT_RPEN},
+        {"repeat-last-n", required_argument, NULL, OPT_RLAST},
+        {"presence-penalty", required_argument, NULL, OPT_PPEN},
+        {"frequency-penalty", required_argument, NULL, OPT_FPEN},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"stop", required_argument, NULL, OPT_STOP},
+        {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
+        {"top-logprobs", required_argument, NULL, OPT_TOPLP},
+        {"threads", required_argument, NULL, 't'},
+        {"ctx", required_argument, NULL, 'c'},
+        {"prefill", required_argument, NULL, OPT_PREFILL},
+        {"kv-type", required_argument, NULL, OPT_KV},
+        {"backend", required_argument, NULL, OPT_BACKEND},
+        {"perplexity", required_argument, NULL, OPT_PPL},
+        {"chunks", required_argument, NULL, OPT_CHUNKS},
+        {"dump-logits", required_argument, NULL, OPT_DUMP},
+        {"verbose", no_argument, NULL, 'v'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    struct opts o;
+    memset(&o, 0, sizeof o);
+    strata_gen_params_init(&o.gp);
+    strata_engine_opts_init(&o.eo);
+    int c, bad = 0;
+    while (!bad && (c = getopt_long(argc, argv, "m:p:f:n:t:c:vh", longopts, NULL)) != -1) {
+        switch (c) {
+        case 'm': o.model = optarg; break;
+        case 'p': o.prompt = optarg; break;
+        case 'f': o.prompt_file = optarg; break;
+        case OPT_IDS: o.prompt_ids = optarg; break;
+        case 'n': bad = parse_int("-n", optarg, -1, INT_MAX, &o.gp.n_predict); break;
+        case OPT_ECHO: o.echo = 1; break;
+        case OPT_JSON: o.json = 1; break;
+        case OPT_TEMP: bad = parse_float("--temp", optarg, &o.gp.sampling.temperature); break;
+        case OPT_TOPK: bad = parse_int("--top-k", optarg, INT_MIN, INT_MAX,
+                                       &o.gp.sampling.top_k); break;
+        case OPT_TOPP: bad = parse_float("--top-p", optarg, &o.gp.sampling.top_p); break;
+        case OPT_MINP: bad = parse_float("--min-p", optarg, &o.gp.sampling.min_p); break;
+        case OPT_RPEN: bad = parse_float("--repeat-penalty", optarg,
+                                         &o.gp.sampling.repeat_penalty); break;
+        case OPT_RLAST: bad = parse_int("--repeat-last-n", optarg, -1, INT_MAX,
+                                        &o.gp.sampling.penalty_last_n); break;
+        case OPT_PPEN: bad = parse_float("--presence-penalty", optarg,
+                                         &o.gp.sampling.presence_penalty); break;
+        case OPT_FPEN: bad = parse_float("--frequency-penalty", optarg,
+                                         &o.gp.sampling.frequency_penalty); break;
+        case OPT_SEED: {
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(optarg, &end, 10);
+            if (errno || end == optarg || *end || optarg[0] == '-') {
+                fprintf(stderr, PROG ": invalid --seed '%s'\n", optarg);
+                bad = 1;
+            }
+            o.gp.sampling.seed = s;
+            break;
+        }
+        case OPT_STOP:
+            if (o.n_stop == MAX_STOP || !*optarg) {
+                fprintf(stderr, PROG ": --stop: at most %d non-empty strings\n", MAX_STOP);
+                bad = 1;
+            } else {
+                o.stop[o.n_stop++] = optarg;
+            }
+            break;
+        case OPT_IGNORE_EOS: o.gp.ignore_eog = 1; break;
+        case OPT_TOPLP: bad = parse_int("--top-logprobs", optarg, 0, STRATA_GEN_MAX_TOP,
+                                        &o.gp.n_top_logprobs); break;
+        case 't': bad = parse_int("--threads", optarg, 1, 512, &o.eo.n_threads); break;
+        case 'c': bad = parse_int("--ctx", optarg, 1, 1 << 24, &o.eo.n_ctx); break;
+        case OPT_PREFILL: bad = parse_int("--prefill", optarg, 1, 1 << 16, &o.eo.n_prefill);
+            break;
+        case OPT_KV:
+            if (strcmp(optarg, "f16") == 0)
+                o.eo.kv_type = STRATA_KV_F16;
+            else if (strcmp(optarg, "f32") == 0)
+                o.eo.kv_type = STRATA_KV_F32;
+            else {
+                fprintf(stderr, PROG ": invalid --kv-type '%s' (f16, f32)\n", optarg);
+                bad = 1;
+            }
+            break;
+        case OPT_BACKEND: o.eo.backend = optarg; break;
+        case OPT_PPL: o.perplexity = optarg; break;
+        case OPT_CHUNKS: bad = parse_int("--chunks", optarg, 1, INT_MAX, &o.chunks); break;
+        case OPT_DUMP: o.dump_logits = optarg; break;
+        case 'v': o.verbose = 1; break;
+        case 'h': fputs(usage_text, stdout); return STRATA_EXIT_OK;
+        default: bad = 1; break;
+        }
+    }
+    if (bad) {
+        fputs(usage_text, stderr);
+        return STRATA_EXIT_USAGE;
+    }
+    if (optind < argc) {
+        fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
+        fputs(usage_text, stderr);
+        return STRATA_EXIT_USAGE;
+    }
+    if (!o.model) {
+        fprintf(stderr, PROG ": no model given (-m MODEL)\n");
+        fputs(usage_text, stderr);
+        return STRATA_EXIT_USAGE;
+    }
+    strata_log_set_level(o.verbose ? STRATA_LOG_DEBUG : STRATA_LOG_WARN);
+
+    struct strata_err err = { 0 };
+    struct strata_gguf *g = NULL;
+    struct strata_vocab *v = NULL;
+    struct strata_engine *e = NULL;
+    int ret;
+    if (strata_gguf_open(&g, o.model, &err)) {
+        ret = fail(&err);
+        goto out;
+    }
+    if (strata_vocab_load(&v, g, &err)) {
+        strata_err_wrap(&err, "'%s': ", o.model);
+        ret = fail(&err);
+        goto out;
+    }
+    if (strata_engine_open_gguf(&e, g, &o.eo, &err)) {
+        strata_err_wrap(&err, "'%s': ", o.model);
+        ret = fail(&err);
+        goto out;
+    }
+    if (o.perplexity)
+        ret = run_perplexity(&o, e, v);
+    else
+        ret = run_generate(&o, e, v);
+out:
+    strata_engine_close(e);
+    strata_vocab_free(v);
+    strata_gguf_close(g);
+    return ret;
+}
