@@ -73,7 +73,7 @@ int32_t strata_vocab_n_tokens(const struct strata_vocab *v);
 enum strata_vocab_kind strata_vocab_kind(const struct strata_vocab *v);
 /* tokenizer.ggml.model as stored ("llama", "gpt2"). */
 const char *strata_vocab_model_name(const struct strata_vocab *v);
-/* tokenizer.ggml.pre as stored, "default" when absent; "" for SPM. */
+/* tokenizer.ggml.pre as stored ("default" when absent). */
 const char *strata_vocab_pre(const struct strata_vocab *v);
 
 /* Tokenize len bytes of text (need not be NUL-terminated; len 0 is fine and
@@ -83,7 +83,8 @@ const char *strata_vocab_pre(const struct strata_vocab *v);
  * mode, as HF's add_special_tokens).  parse_special: nonzero matches the text
  * of control and user-defined tokens (e.g. "<|im_end|>") as whole strings
  * before BPE; zero treats them as plain text, as untrusted user content
- * must be.  *ids is malloc'ed (caller frees; non-NULL even when *n_ids is 0).
+ * must be.  User-defined (non-special added) tokens such as "<tool_call>"
+ * are matched either way, as the Hugging Face tokenizer does.  *ids is malloc'ed (caller frees; non-NULL even when *n_ids is 0).
  * Errors: STRATA_E_NOMEM, STRATA_E_INTERNAL (a regex engine failure). */
 int strata_vocab_tokenize(const struct strata_vocab *v, const char *text, size_t len,
                           int add_bos, int parse_special, int32_t **ids, size_t *n_ids,
@@ -151,8 +152,9 @@ struct strata_detok {
     size_t n_held;
 };
 
-/* Room out must have for any single push or flush. */
-#define STRATA_DETOK_OUT_MAX(v) (strata_vocab_max_token_bytes(v) + 16)
+/* Room out must have for any single push or flush (every byte of a token
+ * could become a 3-byte U+FFFD). */
+#define STRATA_DETOK_OUT_MAX(v) (3 * (strata_vocab_max_token_bytes(v) + 4))
 
 void strata_detok_init(struct strata_detok *d, const struct strata_vocab *v, unsigned flags);
 
