@@ -118,7 +118,7 @@ strata_bf16 strata_f32_to_bf16(float f);
 enum strata_simd {
     STRATA_SIMD_SCALAR = 0,
     STRATA_SIMD_AVX2 = 1,   /* AVX2 + FMA + F16C */
-    STRATA_SIMD_AVX512 = 2, /* AVX-512 F/BW/VL/DQ (+ VNNI used when present) */
+    STRATA_SIMD_AVX512 = 2, /* AVX-512 F/BW/VL/DQ + VNNI (else the AVX2 level) */
     STRATA_SIMD_COUNT
 };
 /* Highest level this CPU supports (CPUID), ignoring the environment. */
