@@ -586,8 +586,9 @@ void strata_download_progress_stderr(const char *name, uint64_t done, uint64_t t
         for (int i = 0; i < 30; i++)
             bar[i] = i < fill ? '#' : '.';
         bar[30] = 0;
-        fprintf(stderr, "\r%-24.24s [%s] %3d%% %s / %s  %s/s%s\033[K%s", name, bar, pct, d,
-                total ? t : "?", r, eta, final ? "\n" : "");
+        fprintf(stderr, "\r%-24.24s [%s] %3d%% %s / %s  %s%s%s\033[K%s", name, bar, pct, d,
+                total ? t : "?", rate > 0 ? r : "", rate > 0 ? "/s" : "", eta,
+                final ? "\n" : "");
         return;
     }
     double now = now_s();
@@ -595,7 +596,7 @@ void strata_download_progress_stderr(const char *name, uint64_t done, uint64_t t
         return;
     if (st)
         st->last_line = now;
-    fprintf(stderr, "%s%s%s: %s / %s (%d%%), %s/s%s\n", st && st->prog ? st->prog : "",
-            st && st->prog ? ": " : "", name, d, total ? t : "?", pct, r,
-            final ? ", done" : eta);
+    fprintf(stderr, "%s%s%s: %s / %s (%d%%)%s%s%s%s\n", st && st->prog ? st->prog : "",
+            st && st->prog ? ": " : "", name, d, total ? t : "?", pct, rate > 0 ? ", " : "",
+            rate > 0 ? r : "", rate > 0 ? "/s" : "", final ? ", done" : eta);
 }
