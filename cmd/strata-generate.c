@@ -22,6 +22,8 @@ static const char usage_text[] =
     "usage: strata-generate -m MODEL [-p TEXT | -f FILE] [-n N] [options]\n"
     "       strata-generate -m MODEL --perplexity FILE [--ctx N] [--chunks K]\n"
     "       strata-generate -m MODEL -p TEXT --dump-logits FILE\n"
+    "       strata-generate -m MODEL --tokenize TEXT|- [--add-bos] [--no-special] [--json]\n"
+    "       strata-generate -m MODEL --detokenize \"ID ID ...\"\n"
     "\n"
     "  -m, --model MODEL       GGUF model file\n"
     "  -p, --prompt TEXT       prompt text (default: read stdin)\n"
@@ -49,6 +51,11 @@ static const char usage_text[] =
     "      --perplexity FILE   perplexity of FILE as llama-perplexity computes it\n"
     "      --chunks K          perplexity: first K chunks (default all)\n"
     "      --dump-logits FILE  write float32 logits after every prompt position\n"
+    "      --tokenize TEXT     print the token ids of TEXT ('-': stdin, verbatim); no BOS\n"
+    "                          unless --add-bos; --json adds each token's piece and text\n"
+    "      --add-bos           --tokenize: prepend BOS as the model would\n"
+    "      --no-special        --tokenize: special-token text (<|im_end|>) is plain text\n"
+    "      --detokenize IDS    print the text of space-separated ids (specials rendered)\n"
     "  -v, --verbose           more diagnostics on stderr\n"
     "  -h, --help              show this help\n"
     "\n"
@@ -62,6 +69,8 @@ struct opts {
     const char *model, *prompt, *prompt_file, *prompt_ids;
     const char *perplexity, *dump_logits;
     int chunks, echo, json, verbose;
+    const char *tokenize, *detokenize;
+    int add_bos, no_special;
     const char *stop[MAX_STOP];
     size_t n_stop;
     struct strata_gen_params gp;
@@ -377,9 +386,8 @@ static int run_generate(struct opts *o, struct strata_engine *e, const struct st
             printf("%s\n", s);
         free(s);
         cJSON_Delete(j);
-    } else {
-        if (res.n_gen > 0 || o->echo)
-            printf("\n");
+    } else if ((res.n_gen > 0 || o->echo) && isatty(STDOUT_FILENO)) {
+        printf("\n"); /* end the line on a terminal; pipes get the exact text */
     }
     fflush(stdout);
     if (o->verbose || !o->json)
@@ -439,7 +447,140 @@ enum {
     OPT_ECHO = 256, OPT_JSON, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_RPEN, OPT_RLAST,
     OPT_PPEN, OPT_FPEN, OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_TOPLP, OPT_PREFILL, OPT_KV,
     OPT_BACKEND, OPT_PPL, OPT_CHUNKS, OPT_DUMP, OPT_IDS,
+    OPT_TOKENIZE, OPT_DETOKENIZE, OPT_ADD_BOS, OPT_NO_SPECIAL,
 };
+
+/* ---- mode: tokenize / detokenize (needs only the vocabulary) ---- */
+
+/* One token as JSON: id, raw piece, and the text it decodes to (or its
+ * bytes in hex when they are not whole UTF-8 characters). */
+static cJSON *token_json(const struct strata_vocab *v, int32_t id)
+{
+    cJSON *t = cJSON_CreateObject();
+    size_t n;
+    const char *b = strata_vocab_token_bytes(v, id, &n);
+    char *s = malloc(2 * n + 1);
+    if (!t || !s) {
+        cJSON_Delete(t);
+        free(s);
+        return NULL;
+    }
+    cJSON_AddNumberToObject(t, "id", id);
+    cJSON_AddStringToObject(t, "piece", strata_vocab_token_text(v, id));
+    int valid = memchr(b, 0, n) == NULL;
+    for (size_t i = 0; valid && i < n;) {
+        unsigned char c = (unsigned char)b[i];
+        size_t l = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3
+                 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        if (!l || i + l > n)
+            valid = 0;
+        for (size_t k = 1; valid && k < l; k++)
+            if (((unsigned char)b[i + k] & 0xC0) != 0x80)
+                valid = 0;
+        i += l ? l : 1;
+    }
+    if (valid) {
+        memcpy(s, b, n);
+        s[n] = 0;
+        cJSON_AddStringToObject(t, "text", s);
+    } else {
+        for (size_t i = 0; i < n; i++)
+            sprintf(s + 2 * i, "%02x", (unsigned char)b[i]);
+        s[2 * n] = 0;
+        cJSON_AddStringToObject(t, "bytes", s);
+    }
+    free(s);
+    return t;
+}
+
+static int run_tokenize(const struct opts *o, const struct strata_vocab *v)
+{
+    struct strata_err err = { 0 };
+    char *text = NULL;
+    size_t len = 0, n_ids = 0;
+    int32_t *ids = NULL;
+    int ret = STRATA_EXIT_OK;
+
+    if (strcmp(o->tokenize, "-") == 0) {
+        if (read_all(stdin, &text, &len)) {
+            fprintf(stderr, PROG ": cannot read the text to tokenize from stdin\n");
+            return STRATA_EXIT_FAILURE;
+        }
+    } else {
+        len = strlen(o->tokenize);
+    }
+    if (strata_vocab_tokenize(v, text ? text : o->tokenize, len, o->add_bos, !o->no_special,
+                              &ids, &n_ids, &err)) {
+        ret = fail(&err);
+        goto out;
+    }
+    if (o->json) {
+        cJSON *root = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(root, "ids");
+        cJSON *toks = cJSON_AddArrayToObject(root, "tokens");
+        for (size_t i = 0; a && toks && i < n_ids; i++) {
+            cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+            cJSON_AddItemToArray(toks, token_json(v, ids[i]));
+        }
+        char *js = cJSON_PrintUnformatted(root);
+        if (!js) {
+            fprintf(stderr, PROG ": out of memory\n");
+            ret = STRATA_EXIT_NOMEM;
+        } else {
+            printf("%s\n", js);
+        }
+        free(js);
+        cJSON_Delete(root);
+    } else {
+        for (size_t i = 0; i < n_ids; i++)
+            printf(i ? " %d" : "%d", ids[i]);
+        printf("\n");
+    }
+out:
+    free(ids);
+    free(text);
+    return ret;
+}
+
+static int run_detokenize(const struct opts *o, const struct strata_vocab *v)
+{
+    struct strata_err err = { 0 };
+    int32_t *ids = NULL;
+    size_t n_ids = 0, len = 0;
+    char *text = NULL;
+    int ret = STRATA_EXIT_OK;
+
+    for (const char *p = o->detokenize; *p;) {
+        char *end;
+        while (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n')
+            p++;
+        if (!*p)
+            break;
+        errno = 0;
+        long id = strtol(p, &end, 10);
+        if (errno || end == p || id < 0 || id > INT32_MAX) {
+            fprintf(stderr, PROG ": invalid token id in --detokenize '%s'\n", o->detokenize);
+            ret = STRATA_EXIT_USAGE;
+            goto out;
+        }
+        int32_t *na = realloc(ids, (n_ids + 1) * sizeof(*na));
+        if (!na) {
+            ret = STRATA_EXIT_NOMEM;
+            goto out;
+        }
+        ids = na;
+        ids[n_ids++] = (int32_t)id;
+        p = end;
+    }
+    if (strata_vocab_detokenize(v, ids, n_ids, 1, &text, &len, &err)) {
+        ret = fail(&err);
+        goto out;
+    }
+    fwrite(text, 1, len, stdout);
+out:
+    free(ids);
+    free(text);
+    return ret;
+}
 
 int main(int argc, char **argv)
 {
@@ -472,6 +613,10 @@ int main(int argc, char **argv)
         {"perplexity", required_argument, NULL, OPT_PPL},
         {"chunks", required_argument, NULL, OPT_CHUNKS},
         {"dump-logits", required_argument, NULL, OPT_DUMP},
+        {"tokenize", required_argument, NULL, OPT_TOKENIZE},
+        {"detokenize", required_argument, NULL, OPT_DETOKENIZE},
+        {"add-bos", no_argument, NULL, OPT_ADD_BOS},
+        {"no-special", no_argument, NULL, OPT_NO_SPECIAL},
         {"verbose", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -543,6 +688,10 @@ int main(int argc, char **argv)
         case OPT_PPL: o.perplexity = optarg; break;
         case OPT_CHUNKS: bad = parse_int("--chunks", optarg, 1, INT_MAX, &o.chunks); break;
         case OPT_DUMP: o.dump_logits = optarg; break;
+        case OPT_TOKENIZE: o.tokenize = optarg; break;
+        case OPT_DETOKENIZE: o.detokenize = optarg; break;
+        case OPT_ADD_BOS: o.add_bos = 1; break;
+        case OPT_NO_SPECIAL: o.no_special = 1; break;
         case 'v': o.verbose = 1; break;
         case 'h': fputs(usage_text, stdout); return STRATA_EXIT_OK;
         default: bad = 1; break;
@@ -576,6 +725,10 @@ int main(int argc, char **argv)
     if (strata_vocab_load(&v, g, &err)) {
         strata_err_wrap(&err, "'%s': ", o.model);
         ret = fail(&err);
+        goto out;
+    }
+    if (o.tokenize || o.detokenize) {
+        ret = o.tokenize ? run_tokenize(&o, v) : run_detokenize(&o, v);
         goto out;
     }
     if (strata_engine_open_gguf(&e, g, &o.eo, &err)) {
