@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# strata-generate: options, --json events, -n 0/1, stop strings, bad input and
+# its exit codes (2 usage, 3 bad input).
+. "$(dirname "$0")/lib.sh"
+G="$STRATA_BIN/strata-generate"
+M="$STRATA_FIXTURES/models/stories260K.gguf"
+
+out=$("$G" --help); rc=$?
+check "--help exits 0" test $rc -eq 0
+check "--help shows usage" grep -q '^usage: strata-generate' <<<"$out"
+"$G" --bogus >/dev/null 2>"$T/err"; rc=$?
+check "unknown option exits 2" test $rc -eq 2
+"$G" -p hi >/dev/null 2>"$T/err"; rc=$?
+check "no model: exit 2" test $rc -eq 2
+check "no model: says so" grep -q 'no model given' "$T/err"
+"$G" -m "$M" -p hi --top-p x >/dev/null 2>"$T/err"; rc=$?
+check "bad --top-p: exit 2, named" bash -c "test $rc -eq 2 && grep -q \"invalid --top-p 'x'\" '$T/err'"
+
+# -n 0 and -n 1 in --json: exactly 0 and 1 token events
+"$G" -m "$M" -p "Once upon a time" -n 0 --json -t 2 >"$T/j0"; rc=$?
+check "-n 0: exit 0" test $rc -eq 0
+check "-n 0: no token events" test "$(grep -c '"id"' "$T/j0")" -eq 0
+check "-n 0: summary n_gen 0" grep -q '"n_gen":0' "$T/j0"
+"$G" -m "$M" -p "Once upon a time" -n 1 --json -t 2 --temp 0 >"$T/j1"; rc=$?
+check "-n 1: exactly one token event" test "$(grep -c '"id"' "$T/j1")" -eq 1
+check "-n 1: token has text and logprob" grep -q '"id":[0-9]*,"text":".*","logprob":-\?[0-9]' "$T/j1"
+check "-n 1: summary" grep -q '"done":true.*"n_gen":1.*"stop_reason":"length"' "$T/j1"
+check "summary has prefill and decode tok/s" grep -q '"prefill_tps":.*"decode_tps":' "$T/j1"
+
+# stop string: the text stops before it, the reason says so
+"$G" -m "$M" -p "Once upon a time" -n 64 --temp 0 --stop "little g" -t 2 >"$T/s" 2>/dev/null
+check "stop: text ends before the stop string" test "$(cat "$T/s")" = ", there was a "
+"$G" -m "$M" -p "Once upon a time" -n 64 --temp 0 --stop "little g" --json -t 2 >"$T/sj"
+check "stop: reason stop" grep -q '"stop_reason":"stop"' "$T/sj"
+
+# seeds reproduce sampled text; another seed differs
+"$G" -m "$M" -p "Once" -n 24 --temp 1 --seed 5 -t 2 >"$T/a" 2>/dev/null
+"$G" -m "$M" -p "Once" -n 24 --temp 1 --seed 5 -t 2 >"$T/b" 2>/dev/null
+"$G" -m "$M" -p "Once" -n 24 --temp 1 --seed 6 -t 2 >"$T/c" 2>/dev/null
+check "same seed, same text" cmp "$T/a" "$T/b"
+check "other seed, other text" bash -c "! cmp -s '$T/a' '$T/c'"
+
+# prompt on stdin
+echo -n "Once upon a time" | "$G" -m "$M" -n 4 --temp 0 -t 2 >"$T/in"
+check "prompt from stdin" test "$(cat "$T/in")" = ", there was a"
+
+# bad input: exit 3 with a clear message
+"$G" -m "$M" -p "" -n 4 >/dev/null 2>"$T/err"; rc=$?
+check "empty prompt: exit 3" test $rc -eq 3
+check "empty prompt: message" grep -q 'empty prompt' "$T/err"
+"$G" -m "$M" -p "Once upon a time there was a little girl" --ctx 4 -n 4 >/dev/null 2>"$T/err"; rc=$?
+check "prompt longer than --ctx: exit 3" test $rc -eq 3
+check "prompt longer than --ctx: message" grep -q 'does not fit the context of 4 tokens' "$T/err"
+"$G" -m "$T/nonexistent.gguf" -p hi >/dev/null 2>"$T/err"; rc=$?
+check "missing model file: exit 3, named" bash -c "test $rc -eq 3 && grep -q nonexistent.gguf '$T/err'"
+perl -0777 -pe 's/blk\.0\.ffn_up\.weight/blk.0.ffn_xx.weight/' "$M" >"$T/notensor.gguf"
+"$G" -m "$T/notensor.gguf" -p hi >/dev/null 2>"$T/err"; rc=$?
+check "missing tensor: exit 3" test $rc -eq 3
+check "missing tensor: named" grep -q "required tensor 'blk.0.ffn_up.weight' not found" "$T/err"
+perl -0777 -pe 's/llama\.embedding_length/llama.embedding_lengtX/' "$M" >"$T/nokey.gguf"
+"$G" -m "$T/nokey.gguf" -p hi >/dev/null 2>"$T/err"; rc=$?
+check "missing key: exit 3" test $rc -eq 3
+check "missing key: named" grep -q "required key 'llama.embedding_length' not found" "$T/err"
+"$G" -m "$M" -p hi --backend cuda >/dev/null 2>"$T/err"; rc=$?
+check "--backend cuda on a cpu build: exit 3, says so" bash -c "test $rc -eq 3 && grep -q \"backend 'cuda'\" '$T/err'"
+
+# --dump-logits: n_prompt x n_vocab float32
+"$G" -m "$M" -p "Once upon a time" --dump-logits "$T/l.f32" -t 2; rc=$?
+n=$("$G" -m "$M" -p "Once upon a time" -n 0 --json | grep -o '"n_prompt":[0-9]*' | cut -d: -f2)
+check "--dump-logits writes n_prompt x 512 floats" test "$(stat -c %s "$T/l.f32")" -eq $((n * 512 * 4))
+done_testing

@@ -1,0 +1,238 @@
+/* test_engine.c - the CPU engine against HF transformers references
+ * (tinycoder qwen3moe, tinydraft qwen3), batch invariance, kv rollback,
+ * greedy generation and stop strings. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "engine.h"
+#include "generate.h"
+#include "gguf.h"
+#include "tap.h"
+#include "vocab.h"
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    if (b)
+        b[n] = 0;
+    fclose(f);
+    if (len)
+        *len = (size_t)n;
+    return b;
+}
+
+static int32_t *json_ids(const cJSON *a, int *n)
+{
+    *n = cJSON_GetArraySize(a);
+    int32_t *ids = malloc(sizeof *ids * (size_t)(*n ? *n : 1));
+    for (int i = 0; i < *n; i++)
+        ids[i] = (int32_t)cJSON_GetArrayItem(a, i)->valuedouble;
+    return ids;
+}
+
+struct cb_acc {
+    char text[4096];
+    size_t n;
+    int calls;
+};
+
+static int acc_cb(const struct strata_gen_token *t, void *ud)
+{
+    struct cb_acc *a = ud;
+    if (a->n + t->text_len < sizeof a->text) {
+        memcpy(a->text + a->n, t->text, t->text_len);
+        a->n += t->text_len;
+    }
+    a->calls++;
+    return 0;
+}
+
+static void golden(const char *model, const char *refname, int with_extras)
+{
+    char path[1024];
+    struct strata_err err = { 0 };
+    struct strata_gguf *g = NULL;
+    struct strata_vocab *v = NULL;
+    struct strata_engine *e = NULL;
+    cJSON *ref = NULL;
+    float *l = NULL, *l1 = NULL;
+    snprintf(path, sizeof path, "%s/ref/%s", tap_fixtures(), refname);
+    char *js = slurp(path, NULL);
+    ref = js ? cJSON_Parse(js) : NULL;
+    free(js);
+    if (!ok(ref != NULL, "read %s", path))
+        return;
+    snprintf(path, sizeof path, "%s/models/%s", tap_fixtures(), model);
+    struct strata_engine_opts o;
+    strata_engine_opts_init(&o);
+    o.n_threads = 2;
+    o.n_ctx = 128;
+    if (!ok(strata_gguf_open(&g, path, &err) == 0 && strata_vocab_load(&v, g, &err) == 0 &&
+            strata_engine_open_gguf(&e, g, &o, &err) == 0, "open %s: %s", model, err.msg))
+        goto out;
+    const int32_t nv = strata_engine_n_vocab(e);
+    const cJSON *prompts = cJSON_GetObjectItem(ref, "prompts");
+    for (int pi = 0; pi < cJSON_GetArraySize(prompts); pi++) {
+        const cJSON *p = cJSON_GetArrayItem(prompts, pi);
+        int n = 0, ng = 0;
+        int32_t *ids = json_ids(cJSON_GetObjectItem(p, "ids"), &n);
+        int32_t *gids = json_ids(cJSON_GetObjectItem(p, "greedy_ids"), &ng);
+        snprintf(path, sizeof path, "%s/ref/%s", tap_fixtures(),
+                 cJSON_GetObjectItem(p, "logits_file")->valuestring);
+        size_t rlen = 0;
+        float *rl = (float *)slurp(path, &rlen);
+        l = malloc(sizeof *l * (size_t)n * nv);
+        strata_err_clear(&err);
+        int rc = strata_engine_rollback(e, 0, &err) ||
+                 strata_engine_eval(e, ids, n, STRATA_LOGITS_ALL, l, &err);
+        ok(rc == 0 && rl && rlen == sizeof(float) * (size_t)n * nv, "%s p%d: eval %d tokens%s%s",
+           model, pi, n, rc ? ": " : "", rc ? err.msg : "");
+        if (rc || !rl || rlen != sizeof(float) * (size_t)n * nv)
+            goto next;
+        double maxd = 0;
+        int bad_arg = -1;
+        for (int t = 0; t < n; t++) {
+            const float *a = l + (size_t)t * nv, *b = rl + (size_t)t * nv;
+            int32_t am = 0, bm = 0;
+            for (int32_t i = 0; i < nv; i++) {
+                double d = fabs((double)a[i] - b[i]);
+                if (d > maxd || d != d)
+                    maxd = d != d ? INFINITY : d;
+                if (a[i] > a[am])
+                    am = i;
+                if (b[i] > b[bm])
+                    bm = i;
+            }
+            if (am != bm && bad_arg < 0)
+                bad_arg = t;
+        }
+        ok(bad_arg < 0, "%s p%d: argmax equals HF at every position (first bad %d)", model, pi,
+           bad_arg);
+        ok(maxd <= 1e-2, "%s p%d: max abs logit diff %.5f <= 1e-2", model, pi, maxd);
+
+        if (with_extras && pi == 1) {
+            /* one position at a time gives bitwise the same logits */
+            l1 = malloc(sizeof *l1 * nv);
+            int same = 1;
+            strata_engine_rollback(e, 0, &err);
+            for (int t = 0; t < n; t++) {
+                if (strata_engine_eval(e, ids + t, 1, STRATA_LOGITS_LAST, l1, &err)) {
+                    same = 0;
+                    break;
+                }
+                same &= memcmp(l1, l + (size_t)t * nv, sizeof *l1 * nv) == 0;
+            }
+            ok(same, "%s: logits one position at a time == in one batch (bitwise)", model);
+            /* roll back and re-evaluate the tail as one window */
+            int ok_rb = strata_engine_rollback(e, 4, &err) == 0 &&
+                        strata_engine_n_past(e) == 4 &&
+                        strata_engine_eval(e, ids + 4, n - 4, STRATA_LOGITS_ALL, l, &err) == 0;
+            float *full = malloc(sizeof *full * (size_t)n * nv);
+            strata_engine_rollback(e, 0, &err);
+            strata_engine_eval(e, ids, n, STRATA_LOGITS_ALL, full, &err);
+            ok(ok_rb && memcmp(l, full + (size_t)4 * nv, sizeof *l * (size_t)(n - 4) * nv) == 0,
+               "%s: rollback to 4 + a window of %d == the full batch (bitwise)", model, n - 4);
+            free(full);
+            ok(strata_engine_rollback(e, n + 1, &err) == STRATA_E_INVALID,
+               "rollback past n_past refused: %s", err.msg);
+            free(l1);
+            l1 = NULL;
+        }
+
+        /* greedy: the HF ids */
+        {
+            struct strata_gen_params gp;
+            struct strata_gen_result res;
+            strata_gen_params_init(&gp);
+            gp.sampling.temperature = 0;
+            gp.n_predict = ng;
+            gp.ignore_eog = 1;
+            rc = strata_generate(e, v, ids, (size_t)n, &gp, NULL, NULL, &res, &err);
+            ok(rc == 0 && res.n_gen == ng && memcmp(res.ids, gids, sizeof *gids * ng) == 0,
+               "%s p%d: %d greedy ids equal HF's", model, pi, ng);
+            const char *gt = cJSON_GetObjectItem(p, "greedy_text")->valuestring;
+            if (with_extras && pi == 0) {
+                ok(res.n_cached == n - 1, "a repeated prompt reuses the kv cache (%d cached)",
+                   res.n_cached);
+                /* a stop string that ends inside a token: cut exactly there */
+                const char *stop = "int, ra";
+                const char *hit = strstr(gt, stop);
+                if (hit) {
+                    struct strata_gen_result r2;
+                    struct cb_acc acc = { { 0 }, 0, 0 };
+                    const char *stops[2] = { "never-there", stop };
+                    gp.stop = stops;
+                    gp.n_stop = 2;
+                    rc = strata_generate(e, v, ids, (size_t)n, &gp, acc_cb, &acc, &r2, &err);
+                    size_t want = (size_t)(hit - gt);
+                    ok(rc == 0 && r2.stop_reason == STRATA_STOP_STRING && r2.stop_index == 1 &&
+                       r2.text_len == want && memcmp(r2.text, gt, want) == 0,
+                       "stop string ending inside a token cuts the text to '%s'", r2.text);
+                    ok(acc.n == r2.text_len && memcmp(acc.text, r2.text, acc.n) == 0,
+                       "callback texts add up to the result text");
+                    ok(acc.calls == r2.n_gen && r2.n_gen < ng, "one callback per token (%d)",
+                       acc.calls);
+                    strata_gen_result_free(&r2);
+                    gp.stop = NULL;
+                    gp.n_stop = 0;
+                }
+                /* -n 0 and -n 1 */
+                struct strata_gen_result r0;
+                gp.n_predict = 0;
+                rc = strata_generate(e, v, ids, (size_t)n, &gp, NULL, NULL, &r0, &err);
+                ok(rc == 0 && r0.n_gen == 0 && r0.text_len == 0 &&
+                   r0.stop_reason == STRATA_STOP_LENGTH, "n_predict 0: no tokens");
+                strata_gen_result_free(&r0);
+                gp.n_predict = 1;
+                rc = strata_generate(e, v, ids, (size_t)n, &gp, NULL, NULL, &r0, &err);
+                ok(rc == 0 && r0.n_gen == 1 && r0.ids[0] == gids[0], "n_predict 1: one token");
+                strata_gen_result_free(&r0);
+                /* empty prompt, prompt longer than the context */
+                rc = strata_generate(e, v, ids, 0, &gp, NULL, NULL, &r0, &err);
+                ok(rc == STRATA_E_INVALID && strstr(err.msg, "empty prompt"), "empty prompt: %s",
+                   err.msg);
+                strata_gen_result_free(&r0);
+                int32_t *big = calloc(200, sizeof *big);
+                rc = strata_generate(e, v, big, 200, &gp, NULL, NULL, &r0, &err);
+                ok(rc == STRATA_E_LIMIT && strstr(err.msg, "200") && strstr(err.msg, "128"),
+                   "prompt longer than the context: %s", err.msg);
+                strata_gen_result_free(&r0);
+                free(big);
+            }
+            strata_gen_result_free(&res);
+        }
+    next:
+        free(l);
+        l = NULL;
+        free(rl);
+        free(ids);
+        free(gids);
+    }
+out:
+    free(l);
+    strata_engine_close(e);
+    strata_vocab_free(v);
+    strata_gguf_close(g);
+    cJSON_Delete(ref);
+}
+
+int main(void)
+{
+    golden("tinycoder-moe-F16.gguf", "tinycoder-hf-reference.json", 1);
+    golden("tinydraft-qwen3-F16.gguf", "tinydraft-hf-reference.json", 0);
+    return tap_done();
+}
