@@ -97,7 +97,7 @@ static void qt_random_blocks(uint32_t type, void *buf, int64_t nb)
 }
 
 /* Dequantised activations (what the kernel actually multiplies with). */
-static void qt_act_values(uint32_t vt, const void *act, int64_t n, double *out)
+__attribute__((unused)) static void qt_act_values(uint32_t vt, const void *act, int64_t n, double *out)
 {
     if (vt == STRATA_TYPE_F32) {
         for (int64_t i = 0; i < n; i++)
