@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -15,6 +16,7 @@
 #include "gguf.h"
 #include "log.h"
 #include "model.h"
+#include "pool.h"
 #include "sampler.h"
 #include "vocab.h"
 
@@ -22,6 +24,7 @@ static const char usage_text[] =
     "usage: strata-generate -m MODEL [-p TEXT | -f FILE] [-n N] [options]\n"
     "       strata-generate -m MODEL --perplexity FILE [--ctx N] [--chunks K]\n"
     "       strata-generate -m MODEL -p TEXT --dump-logits FILE\n"
+    "       strata-generate -m MODEL --bench PP,TG [-t N]\n"
     "       strata-generate -m MODEL --tokenize TEXT|- [--add-bos] [--no-special] [--json]\n"
     "       strata-generate -m MODEL --detokenize \"ID ID ...\"\n"
     "\n"
@@ -51,6 +54,7 @@ static const char usage_text[] =
     "      --perplexity FILE   perplexity of FILE as llama-perplexity computes it\n"
     "      --chunks K          perplexity: first K chunks (default all)\n"
     "      --dump-logits FILE  write float32 logits after every prompt position\n"
+    "      --bench PP,TG       time a PP-token prompt and TG decode steps\n"
     "      --tokenize TEXT     print the token ids of TEXT ('-': stdin, verbatim); no BOS\n"
     "                          unless --add-bos; --json adds each token's piece and text\n"
     "      --add-bos           --tokenize: prepend BOS as the model would\n"
@@ -69,6 +73,7 @@ struct opts {
     const char *model, *prompt, *prompt_file, *prompt_ids;
     const char *perplexity, *dump_logits;
     int chunks, echo, json, verbose;
+    int bench_pp, bench_tg, bench;
     const char *tokenize, *detokenize;
     int add_bos, no_special;
     const char *stop[MAX_STOP];
@@ -441,12 +446,124 @@ out:
     return rc ? fail(&err) : 0;
 }
 
+/* ---- mode: bench ---- */
+
+static double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+struct bw_job {
+    const uint64_t *buf;
+    size_t n;
+    uint64_t sum[64];
+};
+
+static void bw_worker(void *ctx, int ith, int nth)
+{
+    struct bw_job *j = ctx;
+    size_t a = j->n * (size_t)ith / (size_t)nth, b = j->n * (size_t)(ith + 1) / (size_t)nth;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = a; i + 4 <= b; i += 4) {
+        s0 += j->buf[i];
+        s1 += j->buf[i + 1];
+        s2 += j->buf[i + 2];
+        s3 += j->buf[i + 3];
+    }
+    j->sum[ith % 64] = s0 + s1 + s2 + s3;
+}
+
+/* Read bandwidth of a 256 MiB buffer with the engine's threads, GB/s. */
+static double measure_bandwidth(struct strata_pool *pool)
+{
+    const size_t bytes = (size_t)256 << 20;
+    uint64_t *buf = malloc(bytes);
+    if (!buf)
+        return 0;
+    memset(buf, 1, bytes);
+    struct bw_job j = { buf, bytes / 8, { 0 } };
+    double best = 0;
+    for (int r = 0; r < 4; r++) {
+        double t0 = bench_now();
+        strata_pool_run(pool, bw_worker, &j);
+        double dt = bench_now() - t0;
+        if (dt > 0 && bytes / dt / 1e9 > best)
+            best = bytes / dt / 1e9;
+    }
+    free(buf);
+    return best;
+}
+
+/* llama-bench style: a prompt of pp random ids from an empty kv cache, then tg
+ * single-token decode steps from an empty kv cache; the mean of reps runs
+ * after one warm-up. */
+static int run_bench(struct opts *o, struct strata_engine *e)
+{
+    struct strata_err err = { 0 };
+    const int32_t nv = strata_engine_n_vocab(e);
+    int pp = o->bench_pp, tg = o->bench_tg, reps = 3, rc = 0;
+    if (pp + tg > strata_engine_n_ctx(e)) {
+        err.code = STRATA_E_INVALID;
+        snprintf(err.msg, sizeof err.msg, "--bench %d,%d needs --ctx >= %d", pp, tg, pp + tg);
+        return fail(&err);
+    }
+    int32_t *ids = malloc(sizeof *ids * (size_t)(pp > tg ? pp : tg));
+    float *logits = malloc(sizeof *logits * (size_t)nv);
+    if (!ids || !logits) {
+        free(ids);
+        free(logits);
+        fprintf(stderr, PROG ": out of memory\n");
+        return STRATA_EXIT_NOMEM;
+    }
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < (pp > tg ? pp : tg); i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        ids[i] = (int32_t)(x % (uint64_t)nv);
+    }
+    double t_pp = 0, t_tg = 0;
+    for (int r = 0; r <= reps && !rc; r++) {
+        double t0 = bench_now();
+        if (pp > 0 && ((rc = strata_engine_rollback(e, 0, &err)) ||
+                       (rc = strata_engine_eval(e, ids, pp, STRATA_LOGITS_LAST, logits, &err))))
+            break;
+        double t1 = bench_now();
+        if ((rc = strata_engine_rollback(e, 0, &err)))
+            break;
+        for (int i = 0; i < tg && !rc; i++)
+            rc = strata_engine_eval(e, ids + i, 1, STRATA_LOGITS_LAST, logits, &err);
+        double t2 = bench_now();
+        if (r > 0) {
+            t_pp += t1 - t0;
+            t_tg += t2 - t1;
+        }
+    }
+    free(ids);
+    free(logits);
+    if (rc)
+        return fail(&err);
+    const struct strata_model *m = strata_engine_model(e);
+    double active = (double)strata_model_active_bytes(m);
+    double bw = measure_bandwidth(strata_engine_pool(e));
+    double pp_tps = pp && t_pp > 0 ? pp * reps / t_pp : 0;
+    double tg_tps = tg && t_tg > 0 ? tg * reps / t_tg : 0;
+    double floor_ms = bw > 0 ? active / (bw * 1e9) * 1e3 : 0;
+    const char *name = strrchr(o->model, '/');
+    name = name ? name + 1 : o->model;
+    printf("%-28s threads %d  pp%d %9.1f tok/s  tg%d %8.1f tok/s  decode %.3f ms/token"
+           "  floor %.3f ms (%.2f MiB active at %.1f GB/s)\n", name,
+           strata_engine_n_threads(e), pp, pp_tps, tg, tg_tps, tg_tps > 0 ? 1e3 / tg_tps : 0,
+           floor_ms, active / 1048576.0, bw);
+    return 0;
+}
+
 /* ---- main ---- */
 
 enum {
     OPT_ECHO = 256, OPT_JSON, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_RPEN, OPT_RLAST,
     OPT_PPEN, OPT_FPEN, OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_TOPLP, OPT_PREFILL, OPT_KV,
-    OPT_BACKEND, OPT_PPL, OPT_CHUNKS, OPT_DUMP, OPT_IDS,
+    OPT_BACKEND, OPT_PPL, OPT_CHUNKS, OPT_DUMP, OPT_IDS, OPT_BENCH,
     OPT_TOKENIZE, OPT_DETOKENIZE, OPT_ADD_BOS, OPT_NO_SPECIAL,
 };
 
@@ -613,6 +730,7 @@ int main(int argc, char **argv)
         {"perplexity", required_argument, NULL, OPT_PPL},
         {"chunks", required_argument, NULL, OPT_CHUNKS},
         {"dump-logits", required_argument, NULL, OPT_DUMP},
+        {"bench", required_argument, NULL, OPT_BENCH},
         {"tokenize", required_argument, NULL, OPT_TOKENIZE},
         {"detokenize", required_argument, NULL, OPT_DETOKENIZE},
         {"add-bos", no_argument, NULL, OPT_ADD_BOS},
@@ -688,6 +806,14 @@ int main(int argc, char **argv)
         case OPT_PPL: o.perplexity = optarg; break;
         case OPT_CHUNKS: bad = parse_int("--chunks", optarg, 1, INT_MAX, &o.chunks); break;
         case OPT_DUMP: o.dump_logits = optarg; break;
+        case OPT_BENCH:
+            if (sscanf(optarg, "%d,%d", &o.bench_pp, &o.bench_tg) != 2 || o.bench_pp < 0 ||
+                o.bench_tg < 0 || o.bench_pp + o.bench_tg < 1) {
+                fprintf(stderr, PROG ": invalid --bench '%s' (PP,TG)\n", optarg);
+                bad = 1;
+            }
+            o.bench = 1;
+            break;
         case OPT_TOKENIZE: o.tokenize = optarg; break;
         case OPT_DETOKENIZE: o.detokenize = optarg; break;
         case OPT_ADD_BOS: o.add_bos = 1; break;
@@ -736,7 +862,9 @@ int main(int argc, char **argv)
         ret = fail(&err);
         goto out;
     }
-    if (o.perplexity)
+    if (o.bench)
+        ret = run_bench(&o, e);
+    else if (o.perplexity)
         ret = run_perplexity(&o, e, v);
     else
         ret = run_generate(&o, e, v);
