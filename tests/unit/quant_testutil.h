@@ -20,12 +20,12 @@ static uint32_t qt_rand(void)
 }
 
 /* uniform in [-1, 1) */
-static float qt_uniform(void)
+__attribute__((unused)) static float qt_uniform(void)
 {
     return (float)((int32_t)qt_rand() % 1000000) / 1000000.f;
 }
 
-static void qt_put_f16(uint8_t *p, float v)
+__attribute__((unused)) static void qt_put_f16(uint8_t *p, float v)
 {
     strata_f16 h = strata_f32_to_f16(v);
     p[0] = (uint8_t)h;
@@ -33,7 +33,7 @@ static void qt_put_f16(uint8_t *p, float v)
 }
 
 /* A sane random scale: magnitude in [0.002, 0.02], random sign if signed. */
-static float qt_scale(int allow_negative)
+__attribute__((unused)) static float qt_scale(int allow_negative)
 {
     float v = 0.002f + 0.018f * fabsf(qt_uniform());
     return allow_negative && (qt_rand() & 1) ? -v : v;
@@ -51,7 +51,7 @@ static const uint32_t qt_types[] = {
 
 /* Fill nb blocks of type with random bits, then give every float scale field
  * a sane value (random bits there would be nan/inf or astronomically large). */
-static void qt_random_blocks(uint32_t type, void *buf, int64_t nb)
+__attribute__((unused)) static void qt_random_blocks(uint32_t type, void *buf, int64_t nb)
 {
     size_t bsz = strata_ggml_type_size(type);
     uint8_t *p = buf;
