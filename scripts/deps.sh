@@ -20,7 +20,7 @@ for a in "$@"; do
 done
 
 pkgs="build-essential pkg-config perl libcjson-dev libstb-dev libcurl4-openssl-dev
-libpcre2-dev libutf8proc-dev libmicrohttpd-dev libssl-dev zlib1g-dev"
+libpcre2-dev libutf8proc-dev libmicrohttpd-dev libssl-dev zlib1g-dev curl"
 [ $want_gpu = 1 ] && pkgs="$pkgs hipcc libamdhip64-dev"
 [ $want_fuzz = 1 ] && pkgs="$pkgs clang libclang-rt-14-dev"
 
