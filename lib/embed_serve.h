@@ -4,7 +4,7 @@
  *                    (503 {"status":"loading",...} until warmed up)
  *   POST /embed   body: the image file's bytes (PNG, JPEG, BMP, GIF ...)
  *                 -> 200 application/octet-stream: the embedding payload
- *                    (vision.h, docs/embedding-payload.md)
+ *                    (vision.h, strata-embed(1))
  *                 -> 400 {"error":{"message":...,"type":"invalid_request_error"}}
  *                    for an image that cannot be decoded or is too large,
  *                 -> 413 for a body above max_body bytes.

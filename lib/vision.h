@@ -83,7 +83,7 @@ int strata_vision_encode_image(struct strata_vision *v, struct strata_pool *pool
                                int64_t max_pixels, float **out, int *n_tokens, int *grid_h,
                                int *grid_w, struct strata_err *err);
 
-/* The embedding payload (docs/embedding-payload.md): a 40-byte
+/* The embedding payload (strata-embed(1), PAYLOAD): a 40-byte
  * little-endian header
  *   0  char[8]  magic "STRATAEB"
  *   8  u32      version (1)
