@@ -101,6 +101,9 @@ struct xfer {
     const struct strata_download_opts *o;
     const char *name;
     double t0, last_cb;
+    double last_data;      /* when the last byte arrived */
+    curl_off_t last_now;
+    int stalled;
 };
 
 static void header_value(char *dst, size_t cap, const char *v, size_t n)
@@ -230,6 +233,16 @@ static int on_progress(void *ud, curl_off_t dltotal, curl_off_t dlnow, curl_off_
     (void)ultotal;
     (void)ulnow;
     double t = now_s();
+    /* curl's own low-speed check averages over several seconds; a stall is
+     * "no byte for stall_s", so it is measured here (curl calls this at
+     * least once a second) */
+    if (dlnow != x->last_now || x->last_data == 0) {
+        x->last_now = dlnow;
+        x->last_data = t;
+    } else if (t - x->last_data >= (x->o->stall_s ? x->o->stall_s : 60)) {
+        x->stalled = 1;
+        return 1;
+    }
     if (!x->o->progress || t - x->last_cb < 0.2)
         return 0;
     x->last_cb = t;
@@ -495,7 +508,7 @@ int strata_download_fetch(const char *src, const char *dest,
         } else if (cr == CURLE_OK) {
             rc = http_error(url, x.status, err);
             transient = x.status >= 500 || x.status == 429 || x.status == 408;
-        } else if (cr == CURLE_OPERATION_TIMEDOUT) {
+        } else if (cr == CURLE_OPERATION_TIMEDOUT || x.stalled) {
             rc = strata_err_set(err, STRATA_E_TIMEOUT,
                                 "'%s': stalled: no data for %u s (at byte %" PRIu64 ")", url,
                                 o->stall_s ? o->stall_s : 60, x.off);

@@ -468,8 +468,6 @@ static int plan(struct job *j, uint64_t *need_out, struct strata_err *err)
                         it->size = sz;
                         it->approx = 0;
                     }
-                    if (!rc && sha[0] && !it->sha[0])
-                        memcpy(it->sha, sha, sizeof(sha));
                 }
             }
             if (!it->size)
@@ -744,8 +742,11 @@ int strata_prepare_run(const struct strata_prepare_opts *o, struct strata_err *e
 out:
     if (rc && made_partial) {
         cleanup_partial(j.partial_dir);
-        if (access(j.partial_dir, F_OK) == 0)
-            strata_err_wrap(err, "downloads kept in '%s' for the next run", j.partial_dir);
+        if (err && access(j.partial_dir, F_OK) == 0) {
+            size_t l = strlen(err->msg);
+            snprintf(err->msg + l, sizeof(err->msg) - l,
+                     "; downloads kept in '%s' for the next run", j.partial_dir);
+        }
     }
     for (int i = 0; i < j.n; i++) {
         free(j.it[i].src);
