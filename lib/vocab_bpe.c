@@ -372,7 +372,24 @@ struct bpe_item {
     int32_t lid, rid;
 };
 
+/* Pieces repeat a lot in real text (keywords, indentation, punctuation):
+ * a cache local to one tokenize call maps a short piece to its ids. */
+#define CACHE_MAX_PIECE 48
+
+struct cache_slot {
+    uint64_t hash;   /* 0 = empty */
+    uint32_t key_off, key_len;
+    uint32_t ids_off, n_ids;
+};
+
 struct bpe_work {
+    struct cache_slot *cache;
+    size_t cache_slots; /* a power of two */
+    size_t cache_used;
+    char *keys;
+    size_t keys_n, keys_cap;
+    int32_t *cids;
+    size_t cids_n, cids_cap;
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jit;
@@ -458,13 +475,74 @@ static int ensure_mapped(struct bpe_work *w, size_t need, struct strata_err *err
     return 0;
 }
 
-/* BPE-merge one piece of raw bytes and append its ids. */
+static int bpe_merge(const struct strata_vocab *v, struct bpe_work *w, const unsigned char *s,
+                     size_t n, struct vocab_ids *out, struct strata_err *err);
+
+/* BPE-merge one piece of raw bytes and append its ids, through the cache. */
 static int bpe_word(const struct strata_vocab *v, struct bpe_work *w, const unsigned char *s,
                     size_t n, struct vocab_ids *out, struct strata_err *err)
 {
     int rc;
     if (n == 1 && v->byte_id[s[0]] >= 0)
         return vocab_ids_push(out, v->byte_id[s[0]], err);
+    if (n > CACHE_MAX_PIECE || !w->cache)
+        return bpe_merge(v, w, s, n, out, err);
+    uint64_t h = vocab_hash_bytes((const char *)s, n) | 1;
+    size_t i = (size_t)h & (w->cache_slots - 1);
+    for (;;) {
+        struct cache_slot *c = &w->cache[i];
+        if (c->hash == 0)
+            break;
+        if (c->hash == h && c->key_len == n && memcmp(w->keys + c->key_off, s, n) == 0) {
+            for (uint32_t k = 0; k < c->n_ids; k++)
+                if ((rc = vocab_ids_push(out, w->cids[c->ids_off + k], err)))
+                    return rc;
+            return 0;
+        }
+        i = (i + 1) & (w->cache_slots - 1);
+    }
+    size_t first = out->n;
+    if ((rc = bpe_merge(v, w, s, n, out, err)))
+        return rc;
+    size_t k = out->n - first;
+    if (w->cache_used >= w->cache_slots / 2)
+        return 0; /* full: stop remembering */
+    if (w->keys_n + n > w->keys_cap) {
+        size_t cap = w->keys_cap ? w->keys_cap * 2 : 65536;
+        char *nk = realloc(w->keys, cap);
+        if (!nk)
+            return 0;
+        w->keys = nk;
+        w->keys_cap = cap;
+    }
+    if (w->cids_n + k > w->cids_cap) {
+        size_t cap = w->cids_cap ? w->cids_cap * 2 : 16384;
+        while (cap < w->cids_n + k)
+            cap *= 2;
+        int32_t *nc = realloc(w->cids, cap * sizeof(*nc));
+        if (!nc)
+            return 0;
+        w->cids = nc;
+        w->cids_cap = cap;
+    }
+    struct cache_slot *c = &w->cache[i];
+    c->hash = h;
+    c->key_off = (uint32_t)w->keys_n;
+    c->key_len = (uint32_t)n;
+    c->ids_off = (uint32_t)w->cids_n;
+    c->n_ids = (uint32_t)k;
+    memcpy(w->keys + w->keys_n, s, n);
+    w->keys_n += n;
+    memcpy(w->cids + w->cids_n, out->v + first, k * sizeof(int32_t));
+    w->cids_n += k;
+    w->cache_used++;
+    return 0;
+}
+
+static int bpe_merge(const struct strata_vocab *v, struct bpe_work *w, const unsigned char *s,
+                     size_t n, struct vocab_ids *out, struct strata_err *err)
+{
+    int rc;
     if (v->pre->ignore_merges) {
         if ((rc = ensure_mapped(w, 2 * n, err)))
             return rc;
@@ -570,23 +648,66 @@ static int split_spans(struct bpe_work *w, const pcre2_code *re, const char *bas
     return 0;
 }
 
+/* Unicode NFC (utf8proc).  ASCII characters neither decompose nor compose
+ * with what precedes them, so only the runs of non-ASCII characters (with
+ * the one character before each run, which a combining mark may join) go
+ * through utf8proc; the rest is copied.  *out is NULL when text is ASCII. */
 static int nfc(const char *text, size_t len, char **out, size_t *out_len,
                struct strata_err *err)
 {
-    size_t i;
+    size_t i, o = 0, cap;
+    char *d = NULL;
     *out = NULL;
     for (i = 0; i < len && (unsigned char)text[i] < 0x80; i++)
         ;
     if (i == len)
-        return 0; /* ASCII is its own NFC */
-    utf8proc_uint8_t *dst = NULL;
-    utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)text, (utf8proc_ssize_t)len,
-                                      &dst, UTF8PROC_STABLE | UTF8PROC_COMPOSE);
-    if (r < 0)
-        return strata_err_set(err, r == UTF8PROC_ERROR_NOMEM ? STRATA_E_NOMEM : STRATA_E_INTERNAL,
-                              "NFC normalization failed: %s", utf8proc_errmsg(r));
-    *out = (char *)dst;
-    *out_len = (size_t)r;
+        return 0;
+    /* NFC can grow a string (up to 3x by the Unicode stability policy) */
+    cap = 3 * len + 16;
+    d = malloc(cap);
+    if (!d)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory normalizing text");
+    size_t copied = 0;
+    while (i < len) {
+        /* i: first non-ASCII byte of a run; include the ASCII char before it */
+        size_t start = i > copied ? i - 1 : i;
+        size_t end = i;
+        while (end < len && ((unsigned char)text[end] >= 0x80 ||
+                             (end + 1 < len && (unsigned char)text[end + 1] >= 0x80)))
+            end++;
+        memcpy(d + o, text + copied, start - copied);
+        o += start - copied;
+        utf8proc_uint8_t *seg = NULL;
+        utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)text + start,
+                                          (utf8proc_ssize_t)(end - start), &seg,
+                                          UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        if (r < 0) {
+            free(d);
+            return strata_err_set(err, r == UTF8PROC_ERROR_NOMEM ? STRATA_E_NOMEM
+                                                                 : STRATA_E_INTERNAL,
+                                  "NFC normalization failed: %s", utf8proc_errmsg(r));
+        }
+        if (o + (size_t)r + (len - end) > cap) {
+            cap = o + (size_t)r + (len - end) + cap / 2;
+            char *nd = realloc(d, cap);
+            if (!nd) {
+                free(seg);
+                free(d);
+                return strata_err_set(err, STRATA_E_NOMEM, "out of memory normalizing text");
+            }
+            d = nd;
+        }
+        memcpy(d + o, seg, (size_t)r);
+        o += (size_t)r;
+        free(seg);
+        copied = end;
+        for (i = end; i < len && (unsigned char)text[i] < 0x80; i++)
+            ;
+    }
+    memcpy(d + o, text + copied, len - copied);
+    o += len - copied;
+    *out = d;
+    *out_len = o;
     return 0;
 }
 
@@ -616,6 +737,14 @@ int vocab_bpe_tokenize(const struct strata_vocab *v, const char *text, size_t le
         goto out;
     }
     pcre2_jit_stack_assign(w.mctx, NULL, w.jit);
+    /* the cache pays off only on longer texts; it is an optimisation, so
+     * running without it when memory is short is fine */
+    if (len >= 4096) {
+        w.cache_slots = 1024;
+        while (w.cache_slots < len / 8 && w.cache_slots < (1u << 18))
+            w.cache_slots *= 2;
+        w.cache = calloc(w.cache_slots, sizeof(*w.cache));
+    }
 
     if ((rc = spans_push(&a, 0, len, err)))
         goto out;
@@ -678,6 +807,9 @@ out:
     pcre2_jit_stack_free(w.jit);
     free(w.sym);
     free(w.heap);
+    free(w.cache);
+    free(w.keys);
+    free(w.cids);
     free(w.mapped);
     free(a.v);
     free(b.v);
