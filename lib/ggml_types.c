@@ -29,7 +29,7 @@ static const struct {
     [STRATA_TYPE_IQ3_XXS] = {"IQ3_XXS", 256, 2 + 96},
     [STRATA_TYPE_IQ1_S] = {"IQ1_S", 256, 2 + 32 + 16},
     [STRATA_TYPE_IQ4_NL] = {"IQ4_NL", 32, 2 + 16},
-    [STRATA_TYPE_IQ3_S] = {"IQ3_S", 256, 2 + 64 + 32 + 32 + 4},
+    [STRATA_TYPE_IQ3_S] = {"IQ3_S", 256, 2 + 64 + 8 + 32 + 4},
     [STRATA_TYPE_IQ2_S] = {"IQ2_S", 256, 2 + 64 + 16},
     [STRATA_TYPE_IQ4_XS] = {"IQ4_XS", 256, 2 + 2 + 4 + 128},
     [STRATA_TYPE_I8] = {"I8", 1, 1},
