@@ -142,7 +142,7 @@ template <> struct strata_dq<KT_Q5_0> {
         int e0 = (c & 3) * 8;
 #pragma unroll
         for (int j = 0; j < 8; j++)
-            v[j] = (float)((q[j] | (((qh >> (e0 + j)) & 1) << 4)) - 16) * d;
+            v[j] = (float)((q[j] | (int)(((qh >> (e0 + j)) & 1) << 4)) - 16) * d;
     }
 };
 template <> struct strata_dq<KT_Q5_1> {

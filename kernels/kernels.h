@@ -92,4 +92,129 @@ int strata_k_get_rows(struct strata_gpu_ctx *ctx, const struct strata_k_weight *
 int strata_k_dequant_f16(struct strata_gpu_ctx *ctx, const struct strata_k_weight *w,
                          int expert, __half *dst, struct strata_err *err);
 
+/* ---- row operations ---- */
+
+/* RMSNorm of n_rows rows of n values: y = x / sqrt(mean(x^2) + eps) * w (w [n] or
+ * NULL).  y may equal x. */
+int strata_k_rms_norm(struct strata_gpu_ctx *ctx, const float *x, const float *w, float *y,
+                      int n, int n_rows, float eps, struct strata_err *err);
+
+/* Rotary position embedding parameters (ggml's rope with YaRN; corr_dims from
+ * ggml_rope_yarn_corr_dims, computed by strata_k_rope_init). */
+struct strata_k_rope {
+    int mode;           /* 0: pairs (2i, 2i+1) (llama); 2: pairs (i, i + n_rot/2) (neox) */
+    int n_rot;          /* rotated dimensions (<= head dim) */
+    float freq_base, freq_scale, ext_factor, attn_factor;
+    float corr_dims[2];
+};
+void strata_k_rope_init(struct strata_k_rope *r, int mode, int n_rot, float freq_base,
+                        float freq_scale, int n_ctx_orig, float ext_factor, float attn_factor,
+                        float beta_fast, float beta_slow);
+
+/* After the q/k/v projections of n_tok tokens at positions *pos0 + t (pos0: one
+ * int32 in device memory, so that a captured graph serves every step):
+ * q [n_tok, n_head, hd] gets the per-head RMSNorm (q_norm [hd], if non-NULL) and RoPE
+ * in place; k [n_tok, n_head_kv, hd] gets k_norm and RoPE and is stored with v
+ * [n_tok, n_head_kv, hd] as f16 into the kv cache at rows *pos0 + t (k_cache, v_cache:
+ * [n_ctx, n_head_kv, hd] f16 of this layer).  Row strides of q, k, v in floats. */
+struct strata_k_qkv_args {
+    float *q, *k, *v;
+    int64_t q_stride, k_stride, v_stride;
+    const float *q_norm, *k_norm;
+    float eps;
+    const struct strata_k_rope *rope;
+    const int32_t *pos0;
+    int n_tok, n_head, n_head_kv, hd;
+    __half *k_cache, *v_cache;
+};
+int strata_k_qkv_post(struct strata_gpu_ctx *ctx, const struct strata_k_qkv_args *a,
+                      struct strata_err *err);
+
+/* Causal GQA attention of n_tok queries at positions *pos0 + t over the kv cache
+ * rows 0 .. *pos0 + t: out[t, h, :] = softmax(scale * q_h . K^T) V for query head h
+ * and kv head h / (n_head / n_head_kv).  q [n_tok, n_head, hd] (row stride q_stride
+ * floats), out [n_tok, n_head, hd] contiguous.  The kv range is split into n_split
+ * parts computed in parallel and merged (split-K, for decode); partial results go to
+ * scratch (strata_k_attn_scratch_bytes).  max_kv bounds *pos0 + n_tok (the grid is
+ * sized from it, so a captured graph stays valid while the cache grows).  hd <= 128. */
+struct strata_k_attn_args {
+    const float *q;
+    int64_t q_stride;
+    const __half *k_cache, *v_cache;
+    float *out;
+    const int32_t *pos0;
+    int n_tok, n_head, n_head_kv, hd, max_kv, n_split;
+    float scale;
+    float *scratch;
+};
+size_t strata_k_attn_scratch_bytes(int n_tok, int n_head, int hd, int n_split);
+int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_args *a,
+                       struct strata_err *err);
+
+/* ---- MoE ---- */
+
+/* Router: logits [n_tok, n_expert] -> ids [n_tok, k] and weights [n_tok, k]: softmax
+ * over all experts, the k largest (ties to the lower id), renormalised to sum 1 when
+ * norm, times scale.  n_expert <= 1024. */
+int strata_k_moe_route(struct strata_gpu_ctx *ctx, const float *logits, int n_tok,
+                       int n_expert, int k, int norm, float scale, int32_t *ids, float *w,
+                       struct strata_err *err);
+
+/* out[t, :] = (add ? add[t, :] : 0) + sum_j w[t, j] * y[t * k + j, :], j in order.
+ * y [n_tok * k, n], out/add [n_tok, n]; out may equal add. */
+int strata_k_moe_combine(struct strata_gpu_ctx *ctx, const float *y, const float *w, int n_tok,
+                         int k, int n, const float *add, float *out, struct strata_err *err);
+
+/* Sort the n_tok * k routed assignments by expert for the grouped mat-mat:
+ * perm [n_tok * k] (assignment ids t * k + j grouped by expert), and a tile list of
+ * at most STRATA_K_MM_BN assignments of one expert each: tiles [3 * max_tiles]
+ * (expert, start, end) indexing perm,
+ * and n_tiles [1].  max_tiles = strata_k_moe_max_tiles(n_tok * k, n_expert). */
+#define STRATA_K_MM_BN 64
+#define STRATA_K_MM_BM 64
+int strata_k_moe_max_tiles(int n_asg, int n_expert);
+int strata_k_moe_plan(struct strata_gpu_ctx *ctx, const int32_t *ids, int n_asg,
+                      int n_expert, int32_t *perm, int32_t *tiles, int32_t *n_tiles,
+                      struct strata_err *err);
+
+/* ---- mat-mat (prefill and verify batches) ----
+ *
+ * Dequantises weight tiles to f16 and multiplies on the matrix units (mma.sync where
+ * STRATA_GPU_MMA_F16, an FMA loop elsewhere), accumulating in f32.
+ * Dense (tiles == NULL): y[t * y_stride + r] = (add ? add[..] : 0) + W row r . x[t].
+ * Grouped (tiles from strata_k_moe_plan): for each assignment i of a tile of expert e,
+ * y[i * y_stride + r] = W_e row r . x[(i / x_div) * x_stride].
+ * glu: silu(W . x) * (U . x) as in strata_k_matvec. */
+struct strata_k_mm_args {
+    const struct strata_k_weight *w, *up;
+    int glu;
+    int n_tok;              /* dense: tokens; grouped: assignments */
+    const int32_t *perm, *tiles, *n_tiles;
+    int max_tiles, x_div;
+    const float *x;
+    int64_t x_stride;
+    float *y;
+    int64_t y_stride;
+    const float *add;
+};
+int strata_k_matmul(struct strata_gpu_ctx *ctx, const struct strata_k_mm_args *a,
+                    struct strata_err *err);
+
+/* ---- element-wise and sampling ---- */
+
+/* y[i] = a[i] + b[i], n values. */
+int strata_k_add(struct strata_gpu_ctx *ctx, const float *a, const float *b, float *y, int64_t n,
+                 struct strata_err *err);
+
+/* For each of n_rows rows of n logits: the index of the largest (the lowest index
+ * among equals) -> ids[row]. */
+int strata_k_argmax(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows,
+                    int32_t *ids, struct strata_err *err);
+
+/* The k largest logits of each row, in descending order (ties: lower index first):
+ * ids [n_rows, k], vals [n_rows, k]; k <= 64.  The engine's sampler applies top_p,
+ * min_p and temperature on these on the host. */
+int strata_k_topk(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows, int k,
+                  int32_t *ids, float *vals, struct strata_err *err);
+
 #endif

@@ -62,7 +62,7 @@ define gpu_build
 # $(1) = cuda|hip, $(2) = compiler and flags, $(3) = bin dir, $(4) = runtime link flags
 $(B)/$(1)/lib/%.o: lib/%.c $(GEN_HDRS)
 	@mkdir -p $$(@D)
-	$(CC) $(REL_CFLAGS) -DSTRATA_WITH_GPU $(CFLAGS_$$(notdir $$*)) -MMD -MP -c $$< -o $$@
+	$(CC) $(REL_CFLAGS) -DSTRATA_WITH_GPU $$(CFLAGS_$$(notdir $$*)) -MMD -MP -c $$< -o $$@
 $(B)/$(1)/k/%.o: kernels/%.cu $(GPU_HDRS)
 	@mkdir -p $$(@D)
 	$(2) -c $$< -o $$@

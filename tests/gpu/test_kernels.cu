@@ -282,6 +282,397 @@ static void test_errors(void)
 
 
 
+
+static double silu(double v) { return v / (1 + exp(-v)); }
+
+static float f16r(float f) { return strata_f16_to_f32(strata_f32_to_f16(f)); }
+
+static void test_rms_norm(int n, int n_rows)
+{
+    struct strata_err err = {0, ""};
+    float *x = (float *)malloc(sizeof(float) * n * n_rows), *w = (float *)malloc(sizeof(float) * n);
+    float *ref = (float *)malloc(sizeof(float) * n * n_rows), *got = (float *)malloc(sizeof(float) * n * n_rows);
+    kt_fill(x, (size_t)n * n_rows, 3.0f);
+    kt_fill(w, n, 1.0f);
+    for (int r = 0; r < n_rows; r++) {
+        double s = 0;
+        for (int i = 0; i < n; i++)
+            s += (double)x[r * n + i] * x[r * n + i];
+        double sc = 1.0 / sqrt(s / n + 1e-6);
+        for (int i = 0; i < n; i++)
+            ref[r * n + i] = (float)(x[r * n + i] * sc * w[i]);
+    }
+    float *dx = (float *)kt_up(x, sizeof(float) * n * n_rows), *dw = (float *)kt_up(w, sizeof(float) * n);
+    float *dy = (float *)kt_dev(sizeof(float) * n * n_rows);
+    kt_poison(dy, sizeof(float) * n * n_rows);
+    int rc = strata_k_rms_norm(&ctx, dx, dw, dy, n, n_rows, 1e-6f, &err);
+    KT_CUDA(cudaDeviceSynchronize());
+    kt_down(got, dy, sizeof(float) * n * n_rows);
+    size_t worst;
+    double e = rc ? INFINITY : kt_err(got, ref, (size_t)n * n_rows, 1e-6, 1e-5, &worst);
+    ok(e <= 1, "rms_norm n=%d rows=%d: err %.3g %s", n, n_rows, e, rc ? err.msg : "");
+    cudaFree(dx); cudaFree(dw); cudaFree(dy);
+    free(x); free(w); free(ref); free(got);
+}
+
+/* q/k norm + RoPE + kv store against a double-precision reference of ggml's rope. */
+static void test_qkv_post(int mode, int n_tok, int n_head, int n_head_kv, int hd, int n_rot,
+                          int with_norm, int pos0, float freq_scale, float ext_factor)
+{
+    struct strata_err err = {0, ""};
+    int nq = n_tok * n_head * hd, nk = n_tok * n_head_kv * hd, n_ctx = pos0 + n_tok + 3;
+    float *q = (float *)malloc(4 * nq), *k = (float *)malloc(4 * nk), *v = (float *)malloc(4 * nk);
+    float *qn = (float *)malloc(4 * hd), *kn = (float *)malloc(4 * hd);
+    kt_fill(q, nq, 2.0f); kt_fill(k, nk, 2.0f); kt_fill(v, nk, 2.0f);
+    kt_fill(qn, hd, 1.0f); kt_fill(kn, hd, 1.0f);
+    struct strata_k_rope rp;
+    strata_k_rope_init(&rp, mode, n_rot, 10000.0f, freq_scale, 4096, ext_factor, 1.0f, 32.0f, 1.0f);
+    float *rq = (float *)malloc(4 * nq), *rk = (float *)malloc(4 * nk);
+    for (int pass = 0; pass < 2; pass++) {
+        const float *src = pass ? k : q;
+        float *dst = pass ? rk : rq;
+        int nh = pass ? n_head_kv : n_head;
+        const float *nw = pass ? kn : qn;
+        for (int t = 0; t < n_tok; t++)
+            for (int h = 0; h < nh; h++) {
+                const float *x = src + (t * nh + h) * hd;
+                float *y = dst + (t * nh + h) * hd;
+                double s = 0;
+                for (int i = 0; i < hd; i++)
+                    s += (double)x[i] * x[i];
+                double sc = with_norm ? 1.0 / sqrt(s / hd + 1e-6) : 1.0;
+                for (int i = 0; i < hd; i++)
+                    y[i] = (float)(x[i] * sc * (with_norm ? nw[i] : 1.0f));
+                for (int p = 0; p < n_rot / 2; p++) {
+                    int i0 = mode == 2 ? p : 2 * p, i1 = mode == 2 ? p + n_rot / 2 : 2 * p + 1;
+                    double te = (pos0 + t) * pow(10000.0, -2.0 * p / n_rot), ti = freq_scale * te;
+                    double th = ti, ms = 1.0;
+                    if (ext_factor != 0.0f) {
+                        double yv = (p - rp.corr_dims[0]) / fmax(0.001, rp.corr_dims[1] - rp.corr_dims[0]);
+                        double ramp = (1 - fmin(1, fmax(0, yv))) * ext_factor;
+                        th = ti * (1 - ramp) + te * ramp;
+                        ms *= 1 + 0.1 * log(1.0 / freq_scale);
+                    }
+                    double a = y[i0], b = y[i1];
+                    y[i0] = (float)((a * cos(th) - b * sin(th)) * ms);
+                    y[i1] = (float)((a * sin(th) + b * cos(th)) * ms);
+                }
+            }
+    }
+    float *dq = (float *)kt_up(q, 4 * nq), *dk = (float *)kt_up(k, 4 * nk), *dv = (float *)kt_up(v, 4 * nk);
+    float *dqn = (float *)kt_up(qn, 4 * hd), *dkn = (float *)kt_up(kn, 4 * hd);
+    int32_t *dpos = (int32_t *)kt_up(&pos0, 4);
+    size_t cbytes = sizeof(__half) * n_ctx * n_head_kv * hd;
+    __half *kc = (__half *)kt_dev(cbytes), *vc = (__half *)kt_dev(cbytes);
+    kt_poison(kc, cbytes); kt_poison(vc, cbytes);
+    struct strata_k_qkv_args a;
+    memset(&a, 0, sizeof(a));
+    a.q = dq; a.k = dk; a.v = dv;
+    a.q_stride = n_head * hd; a.k_stride = n_head_kv * hd; a.v_stride = n_head_kv * hd;
+    a.q_norm = with_norm ? dqn : NULL; a.k_norm = with_norm ? dkn : NULL; a.eps = 1e-6f;
+    a.rope = &rp; a.pos0 = dpos; a.n_tok = n_tok; a.n_head = n_head; a.n_head_kv = n_head_kv;
+    a.hd = hd; a.k_cache = kc; a.v_cache = vc;
+    int rc = strata_k_qkv_post(&ctx, &a, &err);
+    KT_CUDA(cudaDeviceSynchronize());
+    float *gq = (float *)malloc(4 * nq), *gk = (float *)malloc(4 * nk), *gv = (float *)malloc(4 * nk);
+    uint16_t *hk = (uint16_t *)malloc(2 * nk), *hv = (uint16_t *)malloc(2 * nk);
+    kt_down(gq, dq, 4 * nq);
+    kt_down(hk, (char *)kc + sizeof(__half) * pos0 * n_head_kv * hd, 2 * nk);
+    kt_down(hv, (char *)vc + sizeof(__half) * pos0 * n_head_kv * hd, 2 * nk);
+    for (int i = 0; i < nk; i++) {
+        gk[i] = strata_f16_to_f32(hk[i]);
+        gv[i] = strata_f16_to_f32(hv[i]);
+        rk[i] = f16r(rk[i]);
+    }
+    size_t w1, w2, w3;
+    /* float32 angles of large positions are off by ~pos * 2^-24 radians */
+    double e1 = kt_err(gq, rq, nq, 1e-5 + 1e-7 * (pos0 + n_tok), 1e-4, &w1);
+    double e2 = kt_err(gk, rk, nk, 1e-3, 2e-3, &w2);
+    double e3 = kt_err(gv, v, nk, 1e-3, 2e-3, &w3);
+    ok(!rc && e1 <= 1 && e2 <= 1 && e3 <= 1,
+       "qkv_post mode %d n_tok=%d heads %d/%d hd=%d n_rot=%d norm=%d pos0=%d scale=%g ext=%g: "
+       "err q %.3g k %.3g v %.3g %s", mode, n_tok, n_head, n_head_kv, hd, n_rot, with_norm, pos0,
+       freq_scale, ext_factor, e1, e2, e3, rc ? err.msg : "");
+    cudaFree(dq); cudaFree(dk); cudaFree(dv); cudaFree(dqn); cudaFree(dkn); cudaFree(dpos);
+    cudaFree(kc); cudaFree(vc);
+    free(q); free(k); free(v); free(qn); free(kn); free(rq); free(rk);
+    free(gq); free(gk); free(gv); free(hk); free(hv);
+}
+
+/* Causal GQA attention against a double-precision softmax over the f16 cache. */
+static void test_attention(int n_tok, int pos0, int n_head, int n_head_kv, int hd, int n_split)
+{
+    struct strata_err err = {0, ""};
+    int n_kv = pos0 + n_tok, nq = n_tok * n_head * hd, nc = n_kv * n_head_kv * hd;
+    float *q = (float *)malloc(4 * nq), *kf = (float *)malloc(4 * nc), *vf = (float *)malloc(4 * nc);
+    uint16_t *kh = (uint16_t *)malloc(2 * nc), *vh = (uint16_t *)malloc(2 * nc);
+    kt_fill(q, nq, 1.0f); kt_fill(kf, nc, 1.0f); kt_fill(vf, nc, 1.0f);
+    for (int i = 0; i < nc; i++) {
+        kh[i] = strata_f32_to_f16(kf[i]); kf[i] = strata_f16_to_f32(kh[i]);
+        vh[i] = strata_f32_to_f16(vf[i]); vf[i] = strata_f16_to_f32(vh[i]);
+    }
+    float scale = 1.0f / sqrtf((float)hd);
+    float *ref = (float *)malloc(4 * nq), *got = (float *)malloc(4 * nq);
+    double *sc = (double *)malloc(sizeof(double) * n_kv);
+    int gqa = n_head / n_head_kv;
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < n_head; h++) {
+            int g = h / gqa, L = pos0 + t + 1;
+            double mx = -1e300, sum = 0;
+            for (int j = 0; j < L; j++) {
+                double s = 0;
+                for (int d = 0; d < hd; d++)
+                    s += (double)q[(t * n_head + h) * hd + d] * scale * kf[(j * n_head_kv + g) * hd + d];
+                sc[j] = s;
+                mx = fmax(mx, s);
+            }
+            for (int j = 0; j < L; j++)
+                sum += sc[j] = exp(sc[j] - mx);
+            for (int d = 0; d < hd; d++) {
+                double o = 0;
+                for (int j = 0; j < L; j++)
+                    o += sc[j] * vf[(j * n_head_kv + g) * hd + d];
+                ref[(t * n_head + h) * hd + d] = (float)(o / sum);
+            }
+        }
+    float *dq = (float *)kt_up(q, 4 * nq), *dout = (float *)kt_dev(4 * nq);
+    __half *dk = (__half *)kt_up(kh, 2 * nc), *dv = (__half *)kt_up(vh, 2 * nc);
+    int32_t *dpos = (int32_t *)kt_up(&pos0, 4);
+    size_t sb = strata_k_attn_scratch_bytes(n_tok, n_head, hd, n_split);
+    float *dscr = sb ? (float *)kt_dev(sb) : NULL;
+    kt_poison(dout, 4 * nq);
+    struct strata_k_attn_args a;
+    memset(&a, 0, sizeof(a));
+    a.q = dq; a.q_stride = n_head * hd; a.k_cache = dk; a.v_cache = dv; a.out = dout;
+    a.pos0 = dpos; a.n_tok = n_tok; a.n_head = n_head; a.n_head_kv = n_head_kv; a.hd = hd;
+    a.max_kv = n_kv + 5; a.n_split = n_split; a.scale = scale; a.scratch = dscr;
+    int rc = strata_k_attention(&ctx, &a, &err);
+    KT_CUDA(cudaDeviceSynchronize());
+    kt_down(got, dout, 4 * nq);
+    size_t worst;
+    double e = rc ? INFINITY : kt_err(got, ref, nq, 2e-5, 2e-4, &worst);
+    ok(e <= 1, "attention n_tok=%d pos0=%d heads %d/%d hd=%d split %d: err %.3g %s", n_tok, pos0,
+       n_head, n_head_kv, hd, n_split, e, rc ? err.msg : "");
+    if (!rc && e > 1)
+        diag("  at %zu: gpu %.9g ref %.9g", worst, got[worst], ref[worst]);
+    cudaFree(dq); cudaFree(dout); cudaFree(dk); cudaFree(dv); cudaFree(dpos);
+    if (dscr) cudaFree(dscr);
+    free(q); free(kf); free(vf); free(kh); free(vh); free(ref); free(got); free(sc);
+}
+
+static void test_route_combine(int n_tok, int n_expert, int k, int norm)
+{
+    struct strata_err err = {0, ""};
+    int n = 200;
+    float *lg = (float *)malloc(4 * n_tok * n_expert);
+    kt_fill(lg, (size_t)n_tok * n_expert, 4.0f);
+    lg[3] = lg[5] = 9.0f; /* a tie: the lower id first */
+    int32_t *rid = (int32_t *)malloc(4 * n_tok * k), *gid = (int32_t *)malloc(4 * n_tok * k);
+    float *rw = (float *)malloc(4 * n_tok * k), *gw = (float *)malloc(4 * n_tok * k);
+    for (int t = 0; t < n_tok; t++) {
+        const float *l = lg + t * n_expert;
+        double mx = -1e300, s = 0;
+        for (int e = 0; e < n_expert; e++) mx = fmax(mx, l[e]);
+        for (int e = 0; e < n_expert; e++) s += exp(l[e] - mx);
+        char *used = (char *)calloc(n_expert, 1);
+        double sel = 0;
+        for (int j = 0; j < k; j++) {
+            int b = -1;
+            for (int e = 0; e < n_expert; e++)
+                if (!used[e] && (b < 0 || l[e] > l[b])) b = e;
+            used[b] = 1;
+            rid[t * k + j] = b;
+            rw[t * k + j] = (float)(exp(l[b] - mx) / s);
+            sel += rw[t * k + j];
+        }
+        if (norm)
+            for (int j = 0; j < k; j++) rw[t * k + j] = (float)(rw[t * k + j] / sel);
+        free(used);
+    }
+    float *dl = (float *)kt_up(lg, 4 * n_tok * n_expert), *dw = (float *)kt_dev(4 * n_tok * k);
+    int32_t *di = (int32_t *)kt_dev(4 * n_tok * k);
+    int rc = strata_k_moe_route(&ctx, dl, n_tok, n_expert, k, norm, 1.0f, di, dw, &err);
+    KT_CUDA(cudaDeviceSynchronize());
+    kt_down(gid, di, 4 * n_tok * k);
+    kt_down(gw, dw, 4 * n_tok * k);
+    size_t worst;
+    double e = kt_err(gw, rw, n_tok * k, 1e-6, 1e-5, &worst);
+    ok(!rc && memcmp(gid, rid, 4 * n_tok * k) == 0 && e <= 1,
+       "moe_route n_tok=%d n_expert=%d k=%d norm=%d: ids %s, weight err %.3g %s", n_tok,
+       n_expert, k, norm, memcmp(gid, rid, 4 * n_tok * k) ? "differ" : "equal", e,
+       rc ? err.msg : "");
+    /* combine */
+    float *y = (float *)malloc(4 * n_tok * k * n), *add = (float *)malloc(4 * n_tok * n);
+    float *ref = (float *)malloc(4 * n_tok * n), *got = (float *)malloc(4 * n_tok * n);
+    kt_fill(y, (size_t)n_tok * k * n, 1.0f);
+    kt_fill(add, (size_t)n_tok * n, 1.0f);
+    for (int t = 0; t < n_tok; t++)
+        for (int i = 0; i < n; i++) {
+            double s = add[t * n + i];
+            for (int j = 0; j < k; j++) s += (double)gw[t * k + j] * y[(t * k + j) * n + i];
+            ref[t * n + i] = (float)s;
+        }
+    float *dy = (float *)kt_up(y, 4 * n_tok * k * n), *da = (float *)kt_up(add, 4 * n_tok * n);
+    rc = strata_k_moe_combine(&ctx, dy, dw, n_tok, k, n, da, da, &err);
+    KT_CUDA(cudaDeviceSynchronize());
+    kt_down(got, da, 4 * n_tok * n);
+    e = kt_err(got, ref, n_tok * n, 1e-6, 1e-5, &worst);
+    ok(!rc && e <= 1, "moe_combine n_tok=%d k=%d: err %.3g %s", n_tok, k, e, rc ? err.msg : "");
+    cudaFree(dl); cudaFree(dw); cudaFree(di); cudaFree(dy); cudaFree(da);
+    free(lg); free(rid); free(gid); free(rw); free(gw); free(y); free(add); free(ref); free(got);
+}
+
+/* Dense and grouped mat-mat against double sums over the decoded weights with
+ * f16-rounded activations and weights (what the matrix units multiply). */
+static void test_matmul(uint32_t type, int64_t ne0, int64_t ne1, int n_tok, int n_expert, int k,
+                        int glu, int with_add)
+{
+    struct strata_err err = {0, ""};
+    size_t rb;
+    int grouped = n_expert > 0, ne = grouped ? n_expert : 1;
+    int64_t nrow = ne1 * ne;
+    uint8_t *w = random_rows(type, ne0, nrow, &rb), *u = glu ? random_rows(type, ne0, nrow, &rb) : NULL;
+    float *wf = (float *)malloc(4 * ne0 * nrow), *uf = glu ? (float *)malloc(4 * ne0 * nrow) : NULL;
+    strata_quant_dequant_ref(type, w, wf, ne0 * nrow, &err);
+    if (glu)
+        strata_quant_dequant_ref(type, u, uf, ne0 * nrow, &err);
+    for (int64_t i = 0; i < ne0 * nrow; i++) {
+        wf[i] = f16r(wf[i]);
+        if (glu) uf[i] = f16r(uf[i]);
+    }
+    int n_asg = grouped ? n_tok * k : n_tok;
+    int x_div = grouped && glu ? k : 1;        /* gate/up read the token, down its own row */
+    int n_x = grouped ? (glu ? n_tok : n_asg) : n_tok;
+    float *x = (float *)malloc(4 * ne0 * n_x);
+    kt_fill(x, (size_t)ne0 * n_x, 1.0f);
+    float *xr = (float *)malloc(4 * ne0 * n_x);
+    for (int64_t i = 0; i < ne0 * n_x; i++) xr[i] = f16r(x[i]);
+    int32_t *ids = (int32_t *)malloc(4 * (n_asg + 1));
+    for (int i = 0; i < n_asg; i++)
+        ids[i] = grouped ? (int32_t)(kt_u32() % (n_expert > 3 ? n_expert - 2 : n_expert)) : 0;
+    float *add = (float *)malloc(4 * ne1 * n_asg);
+    kt_fill(add, (size_t)ne1 * n_asg, 1.0f);
+    float *ref = (float *)malloc(4 * ne1 * n_asg), *got = (float *)malloc(4 * ne1 * n_asg);
+    double max_mag = 0;
+    for (int i = 0; i < n_asg; i++) {
+        const float *xs = xr + (int64_t)(i / x_div) * ne0;
+        for (int64_t r = 0; r < ne1; r++) {
+            const float *wr = wf + ((int64_t)ids[i] * ne1 + r) * ne0;
+            double a = 0, b = 0, mag = 0;
+            for (int64_t kk = 0; kk < ne0; kk++) {
+                a += (double)wr[kk] * xs[kk];
+                mag += fabs((double)wr[kk] * xs[kk]);
+                if (glu) b += (double)uf[((int64_t)ids[i] * ne1 + r) * ne0 + kk] * xs[kk];
+            }
+            ref[i * ne1 + r] = (float)(glu ? silu(a) * b : a + (with_add ? add[i * ne1 + r] : 0));
+            max_mag = fmax(max_mag, mag);
+        }
+    }
+    void *dw = kt_up(w, rb * nrow), *du = glu ? kt_up(u, rb * nrow) : NULL;
+    float *dx = (float *)kt_up(x, 4 * ne0 * n_x), *dy = (float *)kt_dev(4 * ne1 * n_asg);
+    float *dadd = (float *)kt_up(add, 4 * ne1 * n_asg);
+    int32_t *dids = (int32_t *)kt_up(ids, 4 * n_asg);
+    int max_tiles = grouped ? strata_k_moe_max_tiles(n_asg, n_expert) : 0;
+    int32_t *dperm = (int32_t *)kt_dev(4 * n_asg), *dtiles = (int32_t *)kt_dev(12 * (max_tiles + 1));
+    int32_t *dnt = (int32_t *)kt_dev(4);
+    kt_poison(dy, 4 * ne1 * n_asg);
+    int rc = 0;
+    if (grouped)
+        rc = strata_k_moe_plan(&ctx, dids, n_asg, n_expert, dperm, dtiles, dnt, &err);
+    struct strata_k_weight kw = {type, ne0, ne1, rb, rb * ne1, dw}, ku = {type, ne0, ne1, rb, rb * ne1, du};
+    struct strata_k_mm_args a;
+    memset(&a, 0, sizeof(a));
+    a.w = &kw; a.up = glu ? &ku : NULL; a.glu = glu; a.n_tok = n_asg;
+    if (grouped) {
+        a.perm = dperm; a.tiles = dtiles; a.n_tiles = dnt; a.max_tiles = max_tiles; a.x_div = x_div;
+    }
+    a.x = dx; a.x_stride = ne0; a.y = dy; a.y_stride = ne1; a.add = with_add ? dadd : NULL;
+    if (!rc)
+        rc = strata_k_matmul(&ctx, &a, &err);
+    KT_CUDA(cudaDeviceSynchronize());
+    kt_down(got, dy, 4 * ne1 * n_asg);
+    size_t worst;
+    double atol = 1e-5 * max_mag * (glu ? max_mag + 1 : 1) + 1e-5;
+    double e = rc ? INFINITY : kt_err(got, ref, ne1 * n_asg, atol, 1e-4, &worst);
+    ok(e <= 1, "matmul%s%s %s [%lld x %lld] %d tok%s: err %.3g %s", glu ? " glu" : "",
+       with_add ? " add" : "", strata_ggml_type_name(type), (long long)ne0, (long long)ne1, n_tok,
+       grouped ? " grouped" : "", e, rc ? err.msg : "");
+    if (!rc && e > 1)
+        diag("  at %zu: gpu %.9g ref %.9g", worst, got[worst], ref[worst]);
+    cudaFree(dw); if (du) cudaFree(du); cudaFree(dx); cudaFree(dy); cudaFree(dadd); cudaFree(dids);
+    cudaFree(dperm); cudaFree(dtiles); cudaFree(dnt);
+    free(w); free(u); free(wf); free(uf); free(x); free(xr); free(ids); free(add); free(ref); free(got);
+}
+
+static void test_topk(int n, int n_rows, int k)
+{
+    struct strata_err err = {0, ""};
+    float *l = (float *)malloc(4 * n * n_rows);
+    kt_fill(l, (size_t)n * n_rows, 10.0f);
+    l[n - 1] = l[7] = 50.0f; /* tie: 7 first */
+    int32_t *gi = (int32_t *)malloc(4 * k * n_rows), *am = (int32_t *)malloc(4 * n_rows);
+    float *gv = (float *)malloc(4 * k * n_rows);
+    float *dl = (float *)kt_up(l, 4 * n * n_rows), *dv = (float *)kt_dev(4 * k * n_rows);
+    int32_t *di = (int32_t *)kt_dev(4 * k * n_rows), *da = (int32_t *)kt_dev(4 * n_rows);
+    int rc = strata_k_topk(&ctx, dl, n, n_rows, k, di, dv, &err);
+    if (!rc)
+        rc = strata_k_argmax(&ctx, dl, n, n_rows, da, &err);
+    KT_CUDA(cudaDeviceSynchronize());
+    kt_down(gi, di, 4 * k * n_rows);
+    kt_down(gv, dv, 4 * k * n_rows);
+    kt_down(am, da, 4 * n_rows);
+    int good = !rc;
+    char *used = (char *)malloc(n);
+    for (int r = 0; r < n_rows && good; r++) {
+        memset(used, 0, n);
+        const float *lr = l + (int64_t)r * n;
+        for (int j = 0; j < k && good; j++) {
+            int b = -1;
+            for (int i = 0; i < n; i++)
+                if (!used[i] && (b < 0 || lr[i] > lr[b])) b = i;
+            used[b] = 1;
+            good = gi[r * k + j] == b && gv[r * k + j] == lr[b] && (j || am[r] == b);
+        }
+    }
+    ok(good, "topk/argmax n=%d rows=%d k=%d %s", n, n_rows, k, rc ? err.msg : "");
+    cudaFree(dl); cudaFree(dv); cudaFree(di); cudaFree(da);
+    free(l); free(gi); free(am); free(gv); free(used);
+}
+
+static void test_ops(void)
+{
+    test_rms_norm(2048, 3);
+    test_rms_norm(37, 5);
+    test_rms_norm(128, 64);
+    test_qkv_post(2, 3, 32, 4, 128, 128, 1, 17, 1.0f, 0.0f);
+    test_qkv_post(0, 2, 8, 4, 8, 8, 0, 0, 1.0f, 0.0f);
+    test_qkv_post(2, 5, 8, 2, 32, 32, 1, 300, 1.0f, 0.0f);
+    test_qkv_post(0, 1, 6, 2, 64, 32, 0, 4000, 0.25f, 1.0f); /* partial rotation, YaRN */
+    test_attention(1, 0, 8, 4, 8, 1);
+    test_attention(1, 300, 32, 4, 128, 1);
+    test_attention(1, 1000, 32, 4, 128, 7);
+    test_attention(1, 77, 8, 2, 32, 16); /* more splits than tiles */
+    test_attention(37, 0, 8, 2, 32, 1);
+    test_attention(70, 50, 32, 4, 128, 1);
+    test_attention(5, 200, 16, 16, 64, 3);
+    test_route_combine(1, 128, 8, 1);
+    test_route_combine(9, 16, 4, 1);
+    test_route_combine(3, 60, 6, 0);
+    test_matmul(STRATA_TYPE_F16, 256, 100, 37, 0, 0, 0, 1);
+    test_matmul(STRATA_TYPE_Q4_K, 2048, 200, 130, 0, 0, 0, 0);
+    test_matmul(STRATA_TYPE_Q6_K, 512, 64, 64, 0, 0, 1, 0);
+    test_matmul(STRATA_TYPE_IQ2_XS, 256, 70, 9, 0, 0, 0, 1);
+    test_matmul(STRATA_TYPE_Q4_0, 128, 33, 200, 0, 0, 0, 0);
+    test_matmul(STRATA_TYPE_Q4_K, 512, 96, 70, 8, 4, 1, 0);  /* grouped gate/up */
+    test_matmul(STRATA_TYPE_Q5_K, 256, 130, 33, 16, 4, 0, 0); /* grouped down */
+    test_matmul(STRATA_TYPE_IQ4_XS, 256, 64, 100, 3, 2, 1, 0);
+    test_matmul(STRATA_TYPE_F32, 64, 10, 5, 0, 0, 0, 0);
+    for (size_t i = 0; i < N_TYPES; i++)
+        test_matmul(all_types[i], 256, 65, 66, 0, 0, 0, 0);
+    test_topk(151936, 2, 40);
+    test_topk(1000, 3, 1);
+}
+
 int main(void)
 {
     struct strata_err err = {0, ""};
@@ -318,13 +709,14 @@ int main(void)
         test_matvec(t, qk * (qk == 32 ? 24 : 3), 200, 6, 6, 1, 0, 0);
     }
     test_matvec(STRATA_TYPE_F32, 100, 33, 1, 2, 1, 0, 0);  /* ne0 not a multiple of 8 */
-    test_matvec(STRATA_TYPE_F16, 13, 5, 1, 1, 1, 0, 1);
+    test_matvec(STRATA_TYPE_F16, 20, 5, 1, 1, 1, 0, 1);
     test_matvec(STRATA_TYPE_Q4_K, 4096, 2048, 1, 1, 1, 0, 1); /* large */
     test_matvec(STRATA_TYPE_Q6_K, 2048, 8191, 1, 1, 1, 0, 0);
     test_matvec(STRATA_TYPE_Q8_0, 8192, 1024, 1, 2, 1, 0, 0);
     test_matvec_batch_invariance(STRATA_TYPE_Q4_K);
     test_matvec_batch_invariance(STRATA_TYPE_IQ2_XS);
     test_errors();
+    test_ops();
 
     cudaStreamDestroy(ctx.stream);
     return tap_done();
