@@ -11,6 +11,10 @@
 # Modules add their own rules in mk/*.mk.
 
 CC       ?= cc
+# Parallel by default: CI and the README's commands run plain `make check`.
+NPROC    := $(shell nproc 2>/dev/null || echo 2)
+MAKEFLAGS += -j$(NPROC)
+
 # B: build directory (separate ones let builds run side by side); BINDIR: release programs
 B        ?= build
 BINDIR   ?= bin
