@@ -5,7 +5,8 @@ P="$STRATA_BIN/strata-prepare"
 
 out=$("$P" --help); rc=$?
 check "--help exits 0" test $rc -eq 0
-check "--help: usage on stdout" grep -q '^usage: strata-prepare --inspect FILE \[--json\]' <<<"$out"
+check "--help: usage on stdout" grep -q '^usage: strata-prepare' <<<"$out"
+check "--help: shows --inspect" grep -q '  strata-prepare --inspect FILE \[--json\]' <<<"$out"
 out=$("$P" --version); rc=$?
 check "--version exits 0" test $rc -eq 0
 check "--version prints the name" grep -q '^strata-prepare [0-9]' <<<"$out"

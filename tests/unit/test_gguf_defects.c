@@ -397,6 +397,36 @@ static void test_prefixes_and_flips(const char *seed_dir)
     free(buf);
 }
 
+/* Inputs the fuzzer once found (tests/data/gguf-fuzz/): no crash, no leak,
+ * and a refusal always carries a message. */
+static void test_regressions(void)
+{
+    const char *root = getenv("STRATA_ROOT");
+    char dir[4096];
+    snprintf(dir, sizeof(dir), "%s/tests/data/gguf-fuzz", root && *root ? root : ".");
+    DIR *d = opendir(dir);
+    int n = 0, good = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char path[8300];
+        struct strata_err e = {0};
+        struct strata_gguf *g = NULL;
+        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+        int rc = strata_gguf_open(&g, path, &e);
+        n++;
+        if (rc == 0 || e.msg[0])
+            good++;
+        else
+            diag("%s: refused without a message", path);
+        strata_gguf_close(g);
+    }
+    if (d)
+        closedir(d);
+    ok(good == n, "%d fuzzer regression inputs handled", n);
+}
+
 int main(int argc, char **argv)
 {
     char tmpdir[] = "/tmp/strata-defects-XXXXXX";
@@ -407,6 +437,7 @@ int main(int argc, char **argv)
     }
     test_defects(tmpdir, seed_dir);
     test_prefixes_and_flips(seed_dir);
+    test_regressions();
     rmdir(tmpdir);
     return tap_done();
 }

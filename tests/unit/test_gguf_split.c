@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "gguf.h"
+#include "gguf_dump.h"
 #include "gguf_write.h"
 #include "tap.h"
 
@@ -118,6 +119,20 @@ static void test_good(void)
         ok(shards_seen == 7, "tensors come from all three shards");
         ok(strstr(strata_gguf_shard_path(g, 2), "tc-00003-of-00003.gguf") != NULL,
            "shard 3 path %s", strata_gguf_shard_path(g, 2));
+        if (k == 1) {
+            char *text = NULL;
+            size_t n = 0;
+            FILE *f = open_memstream(&text, &n);
+            int rc = f ? strata_gguf_dump_text(g, f, NULL, &e) : -1;
+            if (f)
+                fclose(f);
+            ok(rc == 0 && strstr(text, "shards: 3\n") && strstr(text, "tensors: 51\n") &&
+                   strstr(text, "tc-00003-of-00003.gguf (") &&
+                   strstr(text, ": output_norm.weight F32 [256] 1024 bytes @ ") &&
+                   strstr(text, " (shard 2)\n"),
+               "the split set dumps as one model");
+            free(text);
+        }
         strata_gguf_close(g);
     }
     remove_split(&o);
