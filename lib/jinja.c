@@ -36,6 +36,7 @@ struct chunk {
 struct arena {
     struct chunk *head;
     size_t total, cap; /* bytes obtained from malloc, and the limit */
+    int capped;        /* an allocation was refused because of cap */
 };
 
 static void *arena_alloc(struct arena *a, size_t n)
@@ -45,8 +46,10 @@ static void *arena_alloc(struct arena *a, size_t n)
         n = 16;
     if (!a->head || a->head->cap - a->head->used < n) {
         size_t cap = n > ARENA_CHUNK ? n : ARENA_CHUNK;
-        if (a->total + cap > a->cap || a->total + cap < a->total)
+        if (a->total + cap > a->cap || a->total + cap < a->total) {
+            a->capped = 1;
             return NULL;
+        }
         struct chunk *c = malloc(sizeof *c + cap);
         if (!c)
             return NULL;
@@ -101,6 +104,7 @@ struct val {
 struct list {
     size_t n, cap;
     struct val *v;
+    int tuple; /* prints as (a, b) */
 };
 
 struct dict {
@@ -834,6 +838,7 @@ static int parse_primary(struct parser *p, struct node **out)
             p->i++;
             if (!(n = mk(p, E_LIST, k)))
                 return NOMEM_P(p);
+            n->op = 1;
         } else {
             if ((rc = parse_expr(p, &n)))
                 return rc;
@@ -855,6 +860,7 @@ static int parse_primary(struct parser *p, struct node **out)
                 }
                 t->args = items.v;
                 t->n_args = items.n;
+                t->op = 1;
                 n = t;
             }
             if ((rc = expect_op(p, ')')))
@@ -1680,7 +1686,7 @@ static int rt_fail(struct ctx *c, const struct node *n, int code, const char *fm
 
 static int oom(struct ctx *c, const struct node *n)
 {
-    if (c->ar.total + ARENA_CHUNK > c->ar.cap)
+    if (c->ar.capped)
         return rt_fail(c, n, STRATA_E_LIMIT, "template used more than %zu bytes of memory",
                        c->lim.max_memory);
     return rt_fail(c, n, STRATA_E_NOMEM, "out of memory");
@@ -1770,6 +1776,7 @@ static int mklist(struct ctx *c, const struct node *at, size_t cap, struct val *
     l->n = 0;
     l->cap = cap;
     l->v = NULL;
+    l->tuple = 0;
     if (cap && !(l->v = xalloc(c, cap * sizeof *l->v)))
         return oom(c, at);
     out->t = V_LIST;
@@ -2173,14 +2180,16 @@ static int write_val(struct ctx *c, const struct node *at, struct buf *b, const 
     case V_STR:
         return repr ? write_repr_str(c, at, b, v->u.s, v->n) : buf_add(c, at, b, v->u.s, v->n);
     case V_LIST:
-        rc = buf_addc(c, at, b, '[');
+        rc = buf_addc(c, at, b, v->u.l->tuple ? '(' : '[');
         for (size_t i = 0; i < v->u.l->n && !rc; i++) {
             if (i)
                 rc = buf_add(c, at, b, ", ", 2);
             if (!rc)
                 rc = write_val(c, at, b, &v->u.l->v[i], 1);
         }
-        return rc ? rc : buf_addc(c, at, b, ']');
+        if (!rc && v->u.l->tuple && v->u.l->n == 1)
+            rc = buf_addc(c, at, b, ',');
+        return rc ? rc : buf_addc(c, at, b, v->u.l->tuple ? ')' : ']');
     case V_DICT:
     case V_NS:
         if (v->t == V_NS)
@@ -2896,6 +2905,7 @@ static int call_macro(struct ctx *c, const struct node *at, const struct macro *
         if ((rc = scope_set(c, at, ms, def->kw_names[i], dv)))
             goto out;
     }
+    varargs.u.l->tuple = 1;
     if ((rc = scope_set(c, at, ms, "varargs", varargs)) || (rc = scope_set(c, at, ms, "kwargs", kwargs)))
         goto out;
     if (caller && (rc = scope_set(c, at, ms, "caller", *caller)))
@@ -3304,6 +3314,7 @@ static int dict_items(struct ctx *c, const struct node *at, const struct dict *d
         pair.u.l->v[0] = d->k[i];
         pair.u.l->v[1] = d->v[i];
         pair.u.l->n = 2;
+        pair.u.l->tuple = 1;
         out->u.l->v[out->u.l->n++] = pair;
     }
     return rc;
@@ -4390,6 +4401,7 @@ static int eval(struct ctx *c, struct scope *sc, const struct node *n, struct va
             if ((rc = eval(c, sc, n->args[i], &out->u.l->v[i])))
                 return rc;
         out->u.l->n = (size_t)n->n_args;
+        out->u.l->tuple = n->op;
         return 0;
     }
     case E_DICT: {
