@@ -927,8 +927,14 @@ int strata_gguf_open(struct strata_gguf **out, const char *path, struct strata_e
     *out = NULL;
     if ((rc = new_handle(&g, err)))
         return rc;
-    if ((rc = open_file(&g->shards[0], &g->arena, path, err)))
+    if ((rc = open_file(&g->shards[0], &g->arena, path, err))) {
+        if (rc == STRATA_E_NOTFOUND) { /* a file that cannot be opened is an i/o error */
+            rc = STRATA_E_IO;
+            if (err)
+                err->code = rc;
+        }
         goto out;
+    }
     int r = shard_int(&g->shards[0], "split.count", &count);
     if (r < 0) {
         rc = strata_err_set(err, STRATA_E_FORMAT, "'%s': split.count is not an integer", path);

@@ -33,7 +33,7 @@ refused() { # NAME FILE EXIT MESSAGE
     check "$1: prefixed with the program name" grep -q '^strata-prepare: ' "$T/err"
     check "$1: nothing on stdout" test ! -s "$T/out"
 }
-refused "missing file" "$T/nope.gguf" 3 "cannot open '$T/nope.gguf': No such file or directory"
+refused "missing file" "$T/nope.gguf" 1 "cannot open '$T/nope.gguf': No such file or directory"
 refused "directory" "$T" 1 "'$T' is not a regular file"
 : >"$T/empty.gguf"
 refused "empty file" "$T/empty.gguf" 3 "'$T/empty.gguf': not a gguf file (empty)"

@@ -581,6 +581,31 @@ static void test_many(void)
     strata_gguf_writer_free(w);
 }
 
+/* Version 2 has the same layout as 3 (64-bit counts); both are read. */
+static void test_v2(void)
+{
+    struct strata_err e = {0};
+    struct strata_gguf_writer *w = NULL;
+    struct strata_gguf *g = NULL;
+    void *buf = NULL;
+    size_t len = 0;
+    int rc = strata_gguf_writer_create(&w, &e);
+    if (!rc) {
+        strata_gguf_writer_set_version(w, 2);
+        rc = strata_gguf_writer_add_u64(w, "general.alignment", 16, &e);
+    }
+    rc = rc ? rc : strata_gguf_writer_add_tensor(w, "t", STRATA_TYPE_F32, 1, (uint64_t[]){3},
+                                                 NULL, &e);
+    rc = rc ? rc : strata_gguf_writer_write_mem(w, &buf, &len, &e);
+    /* the writer pads to its own alignment (32): offsets stay multiples of 16 */
+    rc = rc ? rc : strata_gguf_open_mem(&g, buf, len, "v2", &e);
+    ok(rc == 0 && strata_gguf_version(g) == 2, "version 2 file read: %s", e.msg);
+    ok(rc == 0 && strata_gguf_alignment(g) == 16, "general.alignment as u64 accepted");
+    strata_gguf_close(g);
+    free(buf);
+    strata_gguf_writer_free(w);
+}
+
 int main(void)
 {
     test_dir("models");
@@ -592,5 +617,15 @@ int main(void)
     test_writer_roundtrip();
     test_copy();
     test_many();
+    test_v2();
+    {
+        struct strata_err e = {0};
+        struct strata_gguf *g = NULL;
+        ok(strata_gguf_open(&g, "/nonexistent/m.gguf", &e) == STRATA_E_IO && !g &&
+               strstr(e.msg, "cannot open '/nonexistent/m.gguf'"),
+           "missing file: %s", e.msg);
+        ok(strata_gguf_open(&g, "/tmp", &e) == STRATA_E_IO && strstr(e.msg, "not a regular file"),
+           "directory: %s", e.msg);
+    }
     return tap_done();
 }
