@@ -397,6 +397,63 @@ static void test_prefixes_and_flips(const char *seed_dir)
     free(buf);
 }
 
+/* ASan's count of live heap bytes (weak: absent without ASan). */
+size_t __sanitizer_get_current_allocated_bytes(void) __attribute__((weak));
+
+/* Heap kept by an open handle, relative to the file size: files made of
+ * nothing but minimal keys or tensors (the worst case per byte), and a real
+ * vocabulary. */
+static void test_memory(void)
+{
+    struct strata_err e = {0};
+    struct strata_gguf *g = NULL;
+    struct craft b = {0}, c = {0};
+    char k[16];
+    if (!__sanitizer_get_current_allocated_bytes) {
+        ok(1, "# SKIP memory bound: not built with ASan");
+        return;
+    }
+    int n = 40000;
+    cr_hdr(&b, 3, 0, (uint64_t)n);
+    for (int i = 0; i < n; i++) {
+        snprintf(k, sizeof(k), "%x", i);
+        cr_key(&b, k, 0 /* u8 */);
+        cr_u8(&b, 1);
+    }
+    size_t b0 = __sanitizer_get_current_allocated_bytes();
+    int rc = strata_gguf_open_mem(&g, b.p, b.len, "keys", &e);
+    size_t used = __sanitizer_get_current_allocated_bytes() - b0;
+    ok(rc == 0 && used < 8 * b.len, "%d one-byte keys: %zu heap bytes for a %zu-byte file", n,
+       used, b.len);
+    strata_gguf_close(g);
+
+    cr_hdr(&c, 3, (uint64_t)n, 0);
+    for (int i = 0; i < n; i++) {
+        snprintf(k, sizeof(k), "%x", i);
+        cr_tensor(&c, k, 1, (uint64_t[]){1}, 24 /* I8 */, (uint64_t)i * 32);
+    }
+    cr_pad(&c, 32);
+    cr_zeros(&c, (size_t)n * 32);
+    b0 = __sanitizer_get_current_allocated_bytes();
+    rc = strata_gguf_open_mem(&g, c.p, c.len, "tensors", &e);
+    used = __sanitizer_get_current_allocated_bytes() - b0;
+    ok(rc == 0 && used < 8 * c.len, "%d one-byte tensors: %zu heap bytes for a %zu-byte file: %s",
+       n, used, c.len, e.msg);
+    strata_gguf_close(g);
+
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/vocab/ggml-vocab-llama-bpe.gguf", tap_fixtures());
+    b0 = __sanitizer_get_current_allocated_bytes();
+    rc = strata_gguf_open(&g, path, &e);
+    used = __sanitizer_get_current_allocated_bytes() - b0;
+    ok(rc == 0 && used < strata_gguf_shard_size(g, 0) * 3 / 2,
+       "llama-bpe vocabulary: %zu heap bytes for %llu file bytes", used,
+       rc ? 0ull : (unsigned long long)strata_gguf_shard_size(g, 0));
+    strata_gguf_close(g);
+    free(b.p);
+    free(c.p);
+}
+
 /* Inputs the fuzzer once found (tests/data/gguf-fuzz/): no crash, no leak,
  * and a refusal always carries a message. */
 static void test_regressions(void)
@@ -438,6 +495,7 @@ int main(int argc, char **argv)
     test_defects(tmpdir, seed_dir);
     test_prefixes_and_flips(seed_dir);
     test_regressions();
+    test_memory();
     rmdir(tmpdir);
     return tap_done();
 }
