@@ -94,6 +94,13 @@
 #endif
 #endif
 
+/* Defined in the host pass of the compilation only (both compilers run a host pass and
+ * one device pass per target): host-only definitions that reference host functions
+ * go under it. */
+#if !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+#define STRATA_GPU_HOST_PASS 1
+#endif
+
 /* The largest warp/wavefront any supported device has; sizes shared-memory arrays
  * of per-warp partial results.  The actual size is read at run time. */
 #define STRATA_GPU_MAX_WARP 64

@@ -1,0 +1,614 @@
+/* backend.cu - the GPU backend of the engine (lib/engine.h backend interface): the
+ * whole model in VRAM, the kv cache in VRAM, one forward pass for prefill chunks,
+ * verify windows and decode steps, and the decode step replayed as a CUDA/HIP graph.
+ *
+ * Batches of at most MATVEC_MAX tokens (decode and verify windows) use the mat-vec
+ * kernels, whose result for a token does not depend on the other tokens of the batch;
+ * larger batches (prefill chunks) use the mat-mat kernels on the matrix units.  So a
+ * verify window's logits are bitwise those of one-token decodes of the same positions.
+ *
+ * Every runtime call and launch is checked: an error names the kernel or call, the
+ * shapes, the layer and the device, and the forward call returns it; the kv cache stays
+ * valid below the batch's first position.  STRATA_SYNC_DEBUG=1 synchronises after each
+ * launch (and disables the graph) so that an asynchronous fault is reported by the
+ * launch that caused it.
+ */
+#include "kernels.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "engine.h"
+#include "log.h"
+#include "model.h"
+#include "quant.h"
+}
+
+/* Host code only: nothing here runs on the device. */
+#ifdef STRATA_GPU_HOST_PASS
+
+#define MATVEC_MAX 16
+
+struct dev_layer {
+    float *attn_norm, *ffn_norm, *q_norm, *k_norm;
+    struct strata_k_weight wq, wk, wv, wo;
+    struct strata_k_weight gate, up, down;            /* dense FFN */
+    struct strata_k_weight gate_inp, gate_exps, up_exps, down_exps;
+    int is_moe;
+    __half *k_cache, *v_cache; /* [n_ctx, n_head_kv, hd] */
+};
+
+struct gpu_state {
+    struct strata_gpu_ctx ctx;
+    const struct strata_model *m;
+    int n_ctx, n_ub, n_split;
+    int n_embd, n_head, n_head_kv, hd, n_q, n_kv, n_vocab, n_expert, n_used, n_ff, n_ff_exp;
+    struct strata_k_rope rope;
+    float eps;
+    struct strata_k_weight tok_embd, output;
+    float *output_norm;
+    struct dev_layer *layers;
+    /* scratch for n_ub tokens */
+    float *x, *xn, *q, *k, *v, *att, *router, *ew, *act, *eout, *logits, *attn_scratch;
+    int32_t *ids, *pos0, *eids, *perm, *tiles, *n_tiles;
+    int max_tiles;
+    void **allocs;
+    size_t n_allocs, cap_allocs, vram_bytes;
+    /* decode graph (n_tok 1, last logits) */
+    cudaGraph_t graph;
+    cudaGraphExec_t graph_exec;
+    int use_graph, graph_ready;
+    float *h_logits; /* pinned staging of one logits row */
+};
+
+static int gpu_call(struct gpu_state *s, cudaError_t e, const char *what, struct strata_err *err)
+{
+    if (e == cudaSuccess)
+        return 0;
+    return strata_k_err(err, STRATA_E_GPU, "%s on %s device %d (%s): %s: %s", what,
+                        STRATA_GPU_RUNTIME_NAME, s->ctx.info.device, s->ctx.info.name,
+                        cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+static int dalloc(struct gpu_state *s, void **p, size_t bytes, const char *what,
+                  struct strata_err *err)
+{
+    if (s->n_allocs == s->cap_allocs) {
+        size_t nc = s->cap_allocs ? 2 * s->cap_allocs : 256;
+        void **na = (void **)realloc(s->allocs, nc * sizeof(void *));
+        if (!na)
+            return strata_k_err(err, STRATA_E_NOMEM, "out of memory");
+        s->allocs = na;
+        s->cap_allocs = nc;
+    }
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        (void)cudaGetLastError();
+        if (cudaMemGetInfo(&fr, &tot) != cudaSuccess)
+            (void)cudaGetLastError();
+        return strata_k_err(err, STRATA_E_NOMEM,
+                            "cannot allocate %.1f MiB of VRAM for %s on device %d (%s): %s "
+                            "(%.1f MiB allocated so far, %.1f MiB free)",
+                            bytes / 1048576.0, what, s->ctx.info.device, s->ctx.info.name,
+                            cudaGetErrorString(e), s->vram_bytes / 1048576.0, fr / 1048576.0);
+    }
+    s->allocs[s->n_allocs++] = *p;
+    s->vram_bytes += bytes;
+    return 0;
+}
+
+static size_t weight_bytes(const struct strata_weight *w)
+{
+    int64_t n_mat = w->ne[2] > 0 ? w->ne[2] : 1;
+    return w->ne[2] > 1 ? w->nb2 * (size_t)n_mat : w->nb1 * (size_t)(w->ne[1] > 0 ? w->ne[1] : 1);
+}
+
+/* Upload a matrix (or a stack of experts) as it is stored. */
+static int up_weight(struct gpu_state *s, const struct strata_weight *w, struct strata_k_weight *d,
+                     struct strata_err *err)
+{
+    memset(d, 0, sizeof(*d));
+    if (!w->data)
+        return 0;
+    if (!strata_k_type_supported(w->type))
+        return strata_k_err(err, STRATA_E_UNSUPPORTED,
+                            "tensor '%s': type %s has no GPU kernel", w->name,
+                            strata_ggml_type_name(w->type) ? strata_ggml_type_name(w->type) : "?");
+    size_t bytes = weight_bytes(w);
+    void *p;
+    int rc = dalloc(s, &p, bytes, w->name, err);
+    if (rc)
+        return rc;
+    if ((rc = gpu_call(s, cudaMemcpy(p, w->data, bytes, cudaMemcpyHostToDevice), w->name, err)))
+        return rc;
+    d->type = w->type;
+    d->ne0 = w->ne[0];
+    d->ne1 = w->ne[1] > 0 ? w->ne[1] : 1;
+    d->nb1 = w->nb1;
+    d->nb2 = w->ne[2] > 1 ? w->nb2 : 0;
+    d->data = p;
+    return 0;
+}
+
+/* Upload a vector (a norm weight) as float32. */
+static int up_vec(struct gpu_state *s, const struct strata_weight *w, float **d,
+                  struct strata_err *err)
+{
+    *d = NULL;
+    if (!w->data)
+        return 0;
+    int64_t n = w->ne[0] * (w->ne[1] > 0 ? w->ne[1] : 1);
+    float *h = (float *)malloc(sizeof(float) * (size_t)n);
+    if (!h)
+        return strata_k_err(err, STRATA_E_NOMEM, "out of memory");
+    int rc = strata_quant_dequant_ref(w->type, w->data, h, n, err);
+    if (!rc)
+        rc = dalloc(s, (void **)d, sizeof(float) * (size_t)n, w->name, err);
+    if (!rc)
+        rc = gpu_call(s, cudaMemcpy(*d, h, sizeof(float) * (size_t)n, cudaMemcpyHostToDevice),
+                      w->name, err);
+    free(h);
+    return rc;
+}
+
+static void gpu_free(void *state)
+{
+    struct gpu_state *s = (struct gpu_state *)state;
+    if (!s)
+        return;
+    if (s->graph_exec)
+        (void)cudaGraphExecDestroy(s->graph_exec);
+    if (s->graph)
+        (void)cudaGraphDestroy(s->graph);
+    for (size_t i = 0; i < s->n_allocs; i++)
+        (void)cudaFree(s->allocs[i]);
+    if (s->h_logits)
+        (void)cudaFreeHost(s->h_logits);
+    if (s->ctx.stream)
+        (void)cudaStreamDestroy(s->ctx.stream);
+    (void)cudaGetLastError();
+    free(s->allocs);
+    free(s->layers);
+    free(s);
+}
+
+static int gpu_init(void **state, const struct strata_model *m, const struct strata_engine_opts *o,
+                    struct strata_pool *pool, struct strata_err *err)
+{
+    (void)pool;
+    *state = NULL;
+    const struct strata_hparams *hp = &m->hp;
+    struct gpu_state *s = (struct gpu_state *)calloc(1, sizeof(*s));
+    if (!s)
+        return strata_k_err(err, STRATA_E_NOMEM, "out of memory");
+    int rc = 0, n_dev = 0;
+    int dev = o->device >= 0 ? o->device : 0;
+    cudaError_t e = cudaGetDeviceCount(&n_dev);
+    if (e != cudaSuccess || n_dev == 0) {
+        rc = strata_k_err(err, STRATA_E_GPU, "no %s device available%s%s",
+                          STRATA_GPU_RUNTIME_NAME, e != cudaSuccess ? ": " : "",
+                          e != cudaSuccess ? cudaGetErrorString(e) : "");
+        goto out;
+    }
+    if (dev >= n_dev) {
+        rc = strata_k_err(err, STRATA_E_INVALID, "device %d does not exist (%d %s device%s visible)",
+                          dev, n_dev, STRATA_GPU_RUNTIME_NAME, n_dev == 1 ? "" : "s");
+        goto out;
+    }
+    if ((rc = strata_gpu_info_query(dev, &s->ctx.info, err)))
+        goto out;
+    if ((rc = gpu_call(s, cudaSetDevice(dev), "cudaSetDevice", err)) ||
+        (rc = gpu_call(s, cudaStreamCreateWithFlags(&s->ctx.stream, cudaStreamNonBlocking),
+                       "cudaStreamCreate", err)))
+        goto out;
+    {
+        const char *sd = getenv("STRATA_SYNC_DEBUG");
+        s->ctx.sync_debug = sd && *sd && strcmp(sd, "0") != 0;
+        const char *ng = getenv("STRATA_NO_GRAPH");
+        s->use_graph = !s->ctx.sync_debug && !(ng && *ng && strcmp(ng, "0") != 0);
+    }
+    s->m = m;
+    s->n_ctx = o->n_ctx;
+    s->n_ub = o->n_prefill > 0 ? o->n_prefill : 512;
+    s->n_embd = (int)hp->n_embd;
+    s->n_head = (int)hp->n_head;
+    s->n_head_kv = (int)hp->n_head_kv;
+    s->hd = (int)hp->n_embd_head_k;
+    s->n_q = s->n_head * s->hd;
+    s->n_kv = s->n_head_kv * s->hd;
+    s->n_vocab = (int)hp->n_vocab;
+    s->n_expert = (int)hp->n_expert;
+    s->n_used = (int)hp->n_expert_used;
+    s->n_ff = (int)hp->n_ff;
+    s->n_ff_exp = (int)hp->n_ff_exp;
+    s->eps = hp->f_norm_rms_eps;
+    if (hp->n_embd_head_v != hp->n_embd_head_k || s->hd > 128) {
+        rc = strata_k_err(err, STRATA_E_UNSUPPORTED,
+                          "head dims k=%u v=%u: the GPU attention needs equal dims <= 128",
+                          hp->n_embd_head_k, hp->n_embd_head_v);
+        goto out;
+    }
+    if (s->n_expert && hp->expert_gating != STRATA_GATING_SOFTMAX) {
+        rc = strata_k_err(err, STRATA_E_UNSUPPORTED, "expert gating %d is not on the GPU yet",
+                          hp->expert_gating);
+        goto out;
+    }
+    strata_k_rope_init(&s->rope, hp->rope_type, (int)hp->n_rot, hp->rope_freq_base,
+                       hp->rope_freq_scale > 0 ? hp->rope_freq_scale : 1.0f,
+                       (int)(hp->n_ctx_orig_yarn ? hp->n_ctx_orig_yarn : hp->n_ctx_train),
+                       hp->rope_scaling == STRATA_ROPE_SCALING_YARN ? hp->yarn_ext_factor : 0.0f,
+                       hp->yarn_attn_factor > 0 ? hp->yarn_attn_factor : 1.0f,
+                       hp->yarn_beta_fast, hp->yarn_beta_slow);
+    {
+        int per = s->n_head_kv * ((s->n_head / s->n_head_kv + 31) / 32);
+        int ns = per > 0 ? s->ctx.info.n_sm / per : 1;
+        s->n_split = ns < 1 ? 1 : ns > 32 ? 32 : ns;
+    }
+
+    if ((rc = up_weight(s, &m->tok_embd, &s->tok_embd, err)))
+        goto out;
+    if (m->output.data == m->tok_embd.data)
+        s->output = s->tok_embd;
+    else if ((rc = up_weight(s, &m->output, &s->output, err)))
+        goto out;
+    if ((rc = up_vec(s, &m->output_norm, &s->output_norm, err)))
+        goto out;
+    s->layers = (struct dev_layer *)calloc(hp->n_layer, sizeof(struct dev_layer));
+    if (!s->layers) {
+        rc = strata_k_err(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        const struct strata_layer *L = &m->layers[il];
+        struct dev_layer *D = &s->layers[il];
+        if (L->bq.data || L->bk.data || L->bv.data || L->ffn_gate_inp_shexp.data) {
+            rc = strata_k_err(err, STRATA_E_UNSUPPORTED,
+                              "layer %u: q/k/v biases and shared experts are not on the GPU yet",
+                              il);
+            goto out;
+        }
+        if ((rc = up_vec(s, &L->attn_norm, &D->attn_norm, err)) ||
+            (rc = up_vec(s, &L->ffn_norm, &D->ffn_norm, err)) ||
+            (rc = up_vec(s, &L->attn_q_norm, &D->q_norm, err)) ||
+            (rc = up_vec(s, &L->attn_k_norm, &D->k_norm, err)) ||
+            (rc = up_weight(s, &L->wq, &D->wq, err)) || (rc = up_weight(s, &L->wk, &D->wk, err)) ||
+            (rc = up_weight(s, &L->wv, &D->wv, err)) || (rc = up_weight(s, &L->wo, &D->wo, err)) ||
+            (rc = up_weight(s, &L->ffn_gate, &D->gate, err)) ||
+            (rc = up_weight(s, &L->ffn_up, &D->up, err)) ||
+            (rc = up_weight(s, &L->ffn_down, &D->down, err)) ||
+            (rc = up_weight(s, &L->ffn_gate_inp, &D->gate_inp, err)) ||
+            (rc = up_weight(s, &L->ffn_gate_exps, &D->gate_exps, err)) ||
+            (rc = up_weight(s, &L->ffn_up_exps, &D->up_exps, err)) ||
+            (rc = up_weight(s, &L->ffn_down_exps, &D->down_exps, err)))
+            goto out;
+        D->is_moe = L->is_moe;
+        size_t kvb = sizeof(__half) * (size_t)s->n_ctx * s->n_kv;
+        if ((rc = dalloc(s, (void **)&D->k_cache, kvb, "kv cache", err)) ||
+            (rc = dalloc(s, (void **)&D->v_cache, kvb, "kv cache", err)))
+            goto out;
+    }
+    {
+        size_t T = (size_t)s->n_ub, A = T * (s->n_used > 0 ? s->n_used : 1);
+        size_t ffmax = (size_t)(s->n_ff > s->n_ff_exp ? s->n_ff : s->n_ff_exp);
+        s->max_tiles = s->n_expert ? strata_k_moe_max_tiles((int)A, s->n_expert) : 1;
+        size_t sb = strata_k_attn_scratch_bytes(MATVEC_MAX, s->n_head, s->hd, s->n_split);
+        if ((rc = dalloc(s, (void **)&s->x, 4 * T * s->n_embd, "activations", err)) ||
+            (rc = dalloc(s, (void **)&s->xn, 4 * T * s->n_embd, "activations", err)) ||
+            (rc = dalloc(s, (void **)&s->q, 4 * T * s->n_q, "activations", err)) ||
+            (rc = dalloc(s, (void **)&s->k, 4 * T * s->n_kv, "activations", err)) ||
+            (rc = dalloc(s, (void **)&s->v, 4 * T * s->n_kv, "activations", err)) ||
+            (rc = dalloc(s, (void **)&s->att, 4 * T * s->n_q, "activations", err)) ||
+            (rc = dalloc(s, (void **)&s->router, 4 * T * (s->n_expert + 1), "router", err)) ||
+            (rc = dalloc(s, (void **)&s->ew, 4 * A, "router", err)) ||
+            (rc = dalloc(s, (void **)&s->eids, 4 * A, "router", err)) ||
+            (rc = dalloc(s, (void **)&s->perm, 4 * A, "router", err)) ||
+            (rc = dalloc(s, (void **)&s->tiles, 12 * (size_t)s->max_tiles, "router", err)) ||
+            (rc = dalloc(s, (void **)&s->n_tiles, 4, "router", err)) ||
+            (rc = dalloc(s, (void **)&s->act, 4 * A * ffmax, "ffn activations", err)) ||
+            (rc = dalloc(s, (void **)&s->eout, 4 * A * s->n_embd, "expert outputs", err)) ||
+            (rc = dalloc(s, (void **)&s->logits, 4 * T * s->n_vocab, "logits", err)) ||
+            (rc = dalloc(s, (void **)&s->attn_scratch, sb, "attention scratch", err)) ||
+            (rc = dalloc(s, (void **)&s->ids, 4 * T, "token ids", err)) ||
+            (rc = dalloc(s, (void **)&s->pos0, 4, "positions", err)))
+            goto out;
+    }
+    if ((rc = gpu_call(s, cudaMallocHost((void **)&s->h_logits, 4 * (size_t)s->n_vocab),
+                       "cudaMallocHost (logits)", err)))
+        goto out;
+    strata_log_info("%s backend on device %d: %s (%s, %d SMs, warp %d), %.1f MiB of VRAM for "
+                    "weights, kv cache (%d positions) and scratch (%d tokens)",
+                    STRATA_GPU_RUNTIME_NAME, dev, s->ctx.info.name, s->ctx.info.arch,
+                    s->ctx.info.n_sm, s->ctx.info.warp_size, s->vram_bytes / 1048576.0, s->n_ctx,
+                    s->n_ub);
+    *state = s;
+    s = NULL;
+out:
+    gpu_free(s);
+    return rc;
+}
+
+/* y [n, w->ne1] (+)= W x for n tokens, rows of x n_in floats apart. */
+static int proj(struct gpu_state *s, const struct strata_k_weight *w, const float *x,
+                int64_t x_stride, int n, float *y, int64_t y_stride, const float *add,
+                struct strata_err *err)
+{
+    if (n > MATVEC_MAX && w->ne0 % 64 == 0) {
+        struct strata_k_mm_args a;
+        memset(&a, 0, sizeof(a));
+        a.w = w;
+        a.n_tok = n;
+        a.x = x;
+        a.x_stride = x_stride;
+        a.y = y;
+        a.y_stride = y_stride;
+        a.add = add;
+        return strata_k_matmul(&s->ctx, &a, err);
+    }
+    struct strata_k_mv_args a;
+    memset(&a, 0, sizeof(a));
+    a.w = w;
+    a.n_slot = n;
+    a.x_group = 1;
+    a.x = x;
+    a.x_stride = x_stride;
+    a.y = y;
+    a.y_stride = y_stride;
+    a.add = add;
+    return strata_k_matvec(&s->ctx, &a, err);
+}
+
+/* silu(G x) * (U x) for n inputs; experts: ids [n * k] pick the matrices, input rows
+ * shared by k slots. */
+static int glu(struct gpu_state *s, const struct strata_k_weight *g, const struct strata_k_weight *u,
+               const float *x, int n, int k, const int32_t *ids, float *y, struct strata_err *err)
+{
+    int rows = n * k;
+    if (n > MATVEC_MAX && g->ne0 % 64 == 0) {
+        struct strata_k_mm_args a;
+        memset(&a, 0, sizeof(a));
+        a.w = g;
+        a.up = u;
+        a.glu = 1;
+        a.n_tok = rows;
+        if (ids) {
+            a.perm = s->perm;
+            a.tiles = s->tiles;
+            a.n_tiles = s->n_tiles;
+            a.max_tiles = strata_k_moe_max_tiles(rows, s->n_expert);
+            a.x_div = k;
+        }
+        a.x = x;
+        a.x_stride = g->ne0;
+        a.y = y;
+        a.y_stride = g->ne1;
+        return strata_k_matmul(&s->ctx, &a, err);
+    }
+    struct strata_k_mv_args a;
+    memset(&a, 0, sizeof(a));
+    a.w = g;
+    a.up = u;
+    a.glu = 1;
+    a.ids = ids;
+    a.n_slot = rows;
+    a.x_group = k;
+    a.x = x;
+    a.x_stride = g->ne0;
+    a.y = y;
+    a.y_stride = g->ne1;
+    return strata_k_matvec(&s->ctx, &a, err);
+}
+
+/* The routed experts' down projections: y[i] = W_{ids[i]} x[i], i < rows. */
+static int down_exps(struct gpu_state *s, const struct strata_k_weight *w, const float *x,
+                     int n_tok, int rows, float *y, struct strata_err *err)
+{
+    if (n_tok > MATVEC_MAX && w->ne0 % 64 == 0) {
+        struct strata_k_mm_args a;
+        memset(&a, 0, sizeof(a));
+        a.w = w;
+        a.n_tok = rows;
+        a.perm = s->perm;
+        a.tiles = s->tiles;
+        a.n_tiles = s->n_tiles;
+        a.max_tiles = strata_k_moe_max_tiles(rows, s->n_expert);
+        a.x_div = 1;
+        a.x = x;
+        a.x_stride = w->ne0;
+        a.y = y;
+        a.y_stride = w->ne1;
+        return strata_k_matmul(&s->ctx, &a, err);
+    }
+    struct strata_k_mv_args a;
+    memset(&a, 0, sizeof(a));
+    a.w = w;
+    a.ids = s->eids;
+    a.n_slot = rows;
+    a.x_group = 1;
+    a.x = x;
+    a.x_stride = w->ne0;
+    a.y = y;
+    a.y_stride = w->ne1;
+    return strata_k_matvec(&s->ctx, &a, err);
+}
+
+/* Launch the whole forward pass of n tokens on the stream (no synchronisation): token
+ * ids in s->ids (or embeddings already in s->x), the first position in s->pos0.
+ * Logits of the last token (all = 0) or of every token (all = 1) go to s->logits;
+ * want_logits = 0 skips the output layer. */
+static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_logits, int all,
+                          int max_kv, struct strata_err *err)
+{
+    int rc = 0;
+    const int E = s->n_embd;
+    if (!have_embd && (rc = strata_k_get_rows(&s->ctx, &s->tok_embd, s->ids, n, s->x, err)))
+        return strata_err_wrap(err, "token_embd: ");
+    for (int il = 0; il < (int)s->m->hp.n_layer; il++) {
+        struct dev_layer *D = &s->layers[il];
+        struct strata_k_qkv_args qa;
+        struct strata_k_attn_args aa;
+        if ((rc = strata_k_rms_norm(&s->ctx, s->x, D->attn_norm, s->xn, E, n, s->eps, err)) ||
+            (rc = proj(s, &D->wq, s->xn, E, n, s->q, s->n_q, NULL, err)) ||
+            (rc = proj(s, &D->wk, s->xn, E, n, s->k, s->n_kv, NULL, err)) ||
+            (rc = proj(s, &D->wv, s->xn, E, n, s->v, s->n_kv, NULL, err)))
+            goto fail;
+        memset(&qa, 0, sizeof(qa));
+        qa.q = s->q;
+        qa.k = s->k;
+        qa.v = s->v;
+        qa.q_stride = s->n_q;
+        qa.k_stride = s->n_kv;
+        qa.v_stride = s->n_kv;
+        qa.q_norm = D->q_norm;
+        qa.k_norm = D->k_norm;
+        qa.eps = s->eps;
+        qa.rope = &s->rope;
+        qa.pos0 = s->pos0;
+        qa.n_tok = n;
+        qa.n_head = s->n_head;
+        qa.n_head_kv = s->n_head_kv;
+        qa.hd = s->hd;
+        qa.k_cache = D->k_cache;
+        qa.v_cache = D->v_cache;
+        if ((rc = strata_k_qkv_post(&s->ctx, &qa, err)))
+            goto fail;
+        memset(&aa, 0, sizeof(aa));
+        aa.q = s->q;
+        aa.q_stride = s->n_q;
+        aa.k_cache = D->k_cache;
+        aa.v_cache = D->v_cache;
+        aa.out = s->att;
+        aa.pos0 = s->pos0;
+        aa.n_tok = n;
+        aa.n_head = s->n_head;
+        aa.n_head_kv = s->n_head_kv;
+        aa.hd = s->hd;
+        aa.max_kv = max_kv;
+        aa.n_split = n <= MATVEC_MAX ? s->n_split : 1;
+        aa.scale = 1.0f / sqrtf((float)s->hd);
+        aa.scratch = s->attn_scratch;
+        if ((rc = strata_k_attention(&s->ctx, &aa, err)) ||
+            (rc = proj(s, &D->wo, s->att, s->n_q, n, s->x, E, s->x, err)) ||
+            (rc = strata_k_rms_norm(&s->ctx, s->x, D->ffn_norm, s->xn, E, n, s->eps, err)))
+            goto fail;
+        if (D->is_moe) {
+            const struct strata_hparams *hp = &s->m->hp;
+            int k = s->n_used, rows = n * k;
+            if ((rc = proj(s, &D->gate_inp, s->xn, E, n, s->router, s->n_expert, NULL, err)) ||
+                (rc = strata_k_moe_route(&s->ctx, s->router, n, s->n_expert, k,
+                                         hp->expert_weights_norm,
+                                         hp->expert_weights_scale > 0 ? hp->expert_weights_scale
+                                                                      : 1.0f,
+                                         s->eids, s->ew, err)))
+                goto fail;
+            if (n > MATVEC_MAX &&
+                (rc = strata_k_moe_plan(&s->ctx, s->eids, rows, s->n_expert, s->perm, s->tiles,
+                                        s->n_tiles, err)))
+                goto fail;
+            if ((rc = glu(s, &D->gate_exps, &D->up_exps, s->xn, n, k, s->eids, s->act, err)) ||
+                (rc = down_exps(s, &D->down_exps, s->act, n, rows, s->eout, err)) ||
+                (rc = strata_k_moe_combine(&s->ctx, s->eout, s->ew, n, k, E, s->x, s->x, err)))
+                goto fail;
+        } else {
+            if ((rc = glu(s, &D->gate, &D->up, s->xn, n, 1, NULL, s->act, err)) ||
+                (rc = proj(s, &D->down, s->act, s->n_ff, n, s->x, E, s->x, err)))
+                goto fail;
+        }
+    }
+    if (want_logits) {
+        int first = all ? 0 : n - 1, cnt = all ? n : 1;
+        const float *xr = s->x + (int64_t)first * E;
+        if ((rc = strata_k_rms_norm(&s->ctx, xr, s->output_norm, s->xn, E, cnt, s->eps, err)) ||
+            (rc = proj(s, &s->output, s->xn, E, cnt, s->logits, s->n_vocab, NULL, err)))
+            return strata_err_wrap(err, "output: ");
+    }
+    return 0;
+fail:
+    return rc;
+}
+
+static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
+                       struct strata_err *err)
+{
+    struct gpu_state *s = (struct gpu_state *)state;
+    int n = b->n_tok, rc = 0;
+    int want = b->logits != STRATA_LOGITS_NONE, all = b->logits == STRATA_LOGITS_ALL;
+    if (n <= 0 || n > s->n_ub || b->pos0 < 0 || b->pos0 + n > s->n_ctx)
+        return strata_k_err(err, STRATA_E_INVALID, "gpu forward: bad batch n_tok=%d pos0=%d "
+                            "(ubatch %d, ctx %d)", n, b->pos0, s->n_ub, s->n_ctx);
+    cudaStream_t st = s->ctx.stream;
+    int32_t p0 = b->pos0;
+    /* the host copies of pos0 and the ids must stay alive until the copies ran: they
+     * are synchronised below before returning */
+    if ((rc = gpu_call(s, cudaMemcpyAsync(s->pos0, &p0, 4, cudaMemcpyHostToDevice, st),
+                       "copy of the batch position", err)))
+        return rc;
+    if (b->embd) {
+        rc = gpu_call(s, cudaMemcpyAsync(s->x, b->embd, 4 * (size_t)n * s->n_embd,
+                                         cudaMemcpyHostToDevice, st),
+                      "copy of the input embeddings", err);
+    } else {
+        rc = gpu_call(s, cudaMemcpyAsync(s->ids, b->ids, 4 * (size_t)n, cudaMemcpyHostToDevice, st),
+                      "copy of the token ids", err);
+    }
+    if (rc)
+        return rc;
+    int graphable = s->use_graph && n == 1 && !b->embd && want && !all;
+    if (graphable && !s->graph_ready) {
+        if ((rc = gpu_call(s, cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed),
+                           "cudaStreamBeginCapture", err)))
+            return rc;
+        rc = launch_forward(s, 1, 0, 1, 0, s->n_ctx, err);
+        cudaGraph_t g = NULL;
+        cudaError_t e = cudaStreamEndCapture(st, &g);
+        if (rc) {
+            if (g)
+                (void)cudaGraphDestroy(g);
+            return strata_err_wrap(err, "capturing the decode graph: ");
+        }
+        if ((rc = gpu_call(s, e, "cudaStreamEndCapture", err)))
+            return rc;
+        s->graph = g;
+        if ((rc = gpu_call(s, cudaGraphInstantiate(&s->graph_exec, g, 0), "cudaGraphInstantiate",
+                           err)))
+            return rc;
+        s->graph_ready = 1;
+    }
+    if (graphable)
+        rc = gpu_call(s, cudaGraphLaunch(s->graph_exec, st), "cudaGraphLaunch (decode step)", err);
+    else
+        rc = launch_forward(s, n, b->embd != NULL, want, all, s->n_ctx, err);
+    if (rc) {
+        (void)cudaStreamSynchronize(st);
+        (void)cudaGetLastError();
+        return rc;
+    }
+    size_t rows = all ? (size_t)n : 1;
+    if (want && (rc = gpu_call(s, cudaMemcpyAsync(rows == 1 ? s->h_logits : logits, s->logits,
+                                                  4 * rows * s->n_vocab, cudaMemcpyDeviceToHost, st),
+                                "copy of the logits", err)))
+        return rc;
+    if ((rc = gpu_call(s, cudaStreamSynchronize(st), "forward pass (asynchronous error; run with "
+                                                     "STRATA_SYNC_DEBUG=1 to find the kernel)",
+                       err)))
+        return rc;
+    if (want && rows == 1)
+        memcpy(logits, s->h_logits, 4 * (size_t)s->n_vocab);
+    return 0;
+}
+
+static int gpu_kv_rollback(void *state, int32_t n_past, struct strata_err *err)
+{
+    /* the cache is overwritten in place from n_past on */
+    (void)state;
+    (void)n_past;
+    (void)err;
+    return 0;
+}
+
+extern "C" const struct strata_backend_ops strata_backend_gpu_ops = {
+    STRATA_GPU_RUNTIME_NAME, gpu_init, gpu_free, gpu_forward, gpu_kv_rollback,
+};
+
+#endif /* STRATA_GPU_HOST_PASS */
