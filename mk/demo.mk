@@ -1,5 +1,9 @@
-# make demo: run Strata on the model shipped in tests/data/ (see its NOTICE).
-DEMO_MODEL := tests/data/stories260K.gguf
+# make demo: run Strata on the model shipped in tests/data/ (see its NOTICE):
+# the tinycoder Qwen3-MoE model writes Python from a prompt, greedily.
+DEMO_MODEL  := tests/data/tinycoder-moe-Q4_K_M.gguf
+DEMO_PROMPT := class Config:\n    def __init__(self
 
-demo: deps-quiet $(BINDIR)/strata-prepare
-	$(BINDIR)/strata-prepare --inspect $(DEMO_MODEL)
+demo: deps-quiet $(BINDIR)/strata-generate
+	@$(BINDIR)/strata-generate -m $(DEMO_MODEL) -p "$$(printf '$(DEMO_PROMPT)')" \
+	    -n 64 --temp 0 --echo
+	@echo
