@@ -6,6 +6,7 @@
 #include <ftw.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -352,54 +353,16 @@ static const char *jget_s(const cJSON *o, const char *k)
 
 /* ---- build ------------------------------------------------------------- */
 
-struct seg {            /* an expert tensor inside one shard */
-    uint64_t begin, end;
-    const struct strata_pack_layer *ly;
-    uint32_t k;
-};
-
-static int seg_cmp(const void *a, const void *b)
-{
-    const struct seg *x = a, *y = b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin;
-}
-
-/* Read shard s once, sequentially: hash it and, when fd_out >= 0, copy each
- * expert slice into its record of experts.bin. */
-static int pass_shard(const struct strata_gguf *g, uint32_t s,
-                      const struct strata_pack_layer *L, uint32_t n_layer, int fd_out,
-                      const char *out_path, char hex[STRATA_SHA256_HEX],
+/* Hash shard s with progress (the only pass over it in native mode). */
+static int hash_shard(const struct strata_gguf *g, uint32_t s, char hex[STRATA_SHA256_HEX],
                       const struct strata_pack_build_opts *o, struct strata_err *err)
 {
     enum { CHUNK = 16 << 20 };
     const char *path = strata_gguf_shard_path(g, s);
     uint64_t size = strata_gguf_shard_size(g, s), done = 0;
-    struct seg *segs = NULL;
-    size_t n_segs = 0, cap = 0;
-    unsigned char *buf = NULL;
-    struct strata_sha256 *h = NULL;
+    unsigned char *buf = malloc(CHUNK);
+    struct strata_sha256 *h = strata_sha256_new();
     int fd = -1, rc = 0;
-
-    for (uint32_t i = 0; fd_out >= 0 && i < n_layer; i++)
-        for (uint32_t k = 0; k < L[i].n_parts; k++) {
-            const struct strata_gguf_tensor *t = L[i].part[k].src;
-            if (t->shard != s)
-                continue;
-            if (n_segs == cap) {
-                cap = cap ? 2 * cap : 64;
-                struct seg *ns = realloc(segs, cap * sizeof(*ns));
-                if (!ns) {
-                    rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
-                    goto out;
-                }
-                segs = ns;
-            }
-            segs[n_segs++] = (struct seg){t->offset, t->offset + t->n_bytes, &L[i], k};
-        }
-    if (n_segs)
-        qsort(segs, n_segs, sizeof(*segs), seg_cmp);
-    h = strata_sha256_new();
-    buf = malloc(CHUNK);
     if (!h || !buf) {
         rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
         goto out;
@@ -410,44 +373,19 @@ static int pass_shard(const struct strata_gguf *g, uint32_t s,
         goto out;
     }
     posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    size_t si = 0;
     while (done < size) {
         size_t want = size - done < CHUNK ? (size_t)(size - done) : CHUNK;
-        size_t got = 0;
-        while (got < want) {
-            ssize_t r = pread(fd, buf + got, want - got, (off_t)(done + got));
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0) {
-                rc = strata_err_set(err, STRATA_E_IO, "cannot read '%s': %s", path,
-                                    r < 0 ? strerror(errno) : "file is shorter than it was");
-                goto out;
-            }
-            got += (size_t)r;
+        ssize_t r = pread(fd, buf, want, (off_t)done);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            rc = strata_err_set(err, STRATA_E_IO, "cannot read '%s': %s", path,
+                                r < 0 ? strerror(errno) : "file is shorter than it was");
+            goto out;
         }
-        strata_sha256_update(h, buf, got);
-        uint64_t c0 = done, c1 = done + got;
-        while (si < n_segs && segs[si].end <= c0)
-            si++;
-        for (size_t j = si; j < n_segs && segs[j].begin < c1; j++) {
-            const struct seg *sg = &segs[j];
-            const struct strata_pack_part *p = &sg->ly->part[sg->k];
-            uint64_t a = sg->begin > c0 ? sg->begin : c0;
-            uint64_t b = sg->end < c1 ? sg->end : c1;
-            while (a < b) {
-                uint64_t e = (a - sg->begin) / p->n_bytes;
-                uint64_t in = (a - sg->begin) % p->n_bytes;
-                uint64_t n = p->n_bytes - in < b - a ? p->n_bytes - in : b - a;
-                uint64_t dst = sg->ly->record_offset + e * sg->ly->record_size +
-                               p->rec_offset + in;
-                rc = strata_pack_pwrite_all(fd_out, buf + (a - c0), n, dst, out_path, err);
-                if (rc)
-                    goto out;
-                a += n;
-            }
-        }
-        done = c1;
-        if (o->progress && o->progress(base_name(path), done, size, o->progress_ud)) {
+        strata_sha256_update(h, buf, (size_t)r);
+        done += (uint64_t)r;
+        if (o && o->progress && o->progress(base_name(path), done, size, o->progress_ud)) {
             rc = strata_err_set(err, STRATA_E_CANCELLED, "cancelled");
             goto out;
         }
@@ -457,8 +395,218 @@ out:
     if (fd >= 0)
         close(fd);
     free(buf);
-    free(segs);
     strata_sha256_free(h);
+    return rc;
+}
+
+/* Hashing the sources on a thread of its own while experts.bin is written:
+ * both passes go through the files in about the same order, so one of them
+ * mostly reads from the page cache. */
+struct src_hasher {
+    const struct strata_gguf *g;
+    char (*hex)[STRATA_SHA256_HEX];
+    const struct strata_pack_build_opts *o;
+    struct strata_err err;
+    int rc;
+};
+
+static void *src_hasher_main(void *arg)
+{
+    struct src_hasher *sh = arg;
+    for (uint32_t s = 0; !sh->rc && s < strata_gguf_n_shards(sh->g); s++)
+        if (!sh->hex[s][0])
+            sh->rc = hash_shard(sh->g, s, sh->hex[s], NULL, &sh->err);
+    return NULL;
+}
+
+/* experts.bin is written in record order by a writer thread that hashes
+ * each block and writes it at the next offset; the main thread reads the
+ * parts of each group of experts straight into place in the other block. */
+#define N_BLOCKS 2
+struct writer {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    unsigned char *block[N_BLOCKS];
+    uint64_t len[N_BLOCKS], off[N_BLOCKS];
+    int full[N_BLOCKS];
+    int done;                  /* no more blocks */
+    uint64_t prev_off, prev_len; /* the block written before the last */
+    int fd;
+    const char *path;
+    struct strata_sha256 *h;
+    struct strata_err err;
+    int rc;
+};
+
+static void *writer_main(void *arg)
+{
+    struct writer *w = arg;
+    for (int i = 0;; i = (i + 1) % N_BLOCKS) {
+        pthread_mutex_lock(&w->mu);
+        while (!w->full[i] && !w->done)
+            pthread_cond_wait(&w->cv, &w->mu);
+        if (!w->full[i]) {
+            pthread_mutex_unlock(&w->mu);
+            break;
+        }
+        pthread_mutex_unlock(&w->mu);
+        int rc = w->rc;
+        if (!rc) {
+            strata_sha256_update(w->h, w->block[i], w->len[i]);
+            rc = strata_pack_pwrite_all(w->fd, w->block[i], w->len[i], w->off[i], w->path,
+                                        &w->err);
+        }
+        if (!rc) {
+            /* start writeback now so the disk writes overlap the reads (the
+             * kernel would wait for dirty_background_ratio), and drop what
+             * was written a block ago from the page cache so a model larger
+             * than RAM does not push everything else out */
+            sync_file_range(w->fd, (off_t)w->off[i], (off_t)w->len[i], SYNC_FILE_RANGE_WRITE);
+            if (w->off[i] >= w->prev_len) {
+                sync_file_range(w->fd, (off_t)w->prev_off, (off_t)w->prev_len,
+                                SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
+                                    SYNC_FILE_RANGE_WAIT_AFTER);
+                posix_fadvise(w->fd, (off_t)w->prev_off, (off_t)w->prev_len,
+                              POSIX_FADV_DONTNEED);
+            }
+            w->prev_off = w->off[i];
+            w->prev_len = w->len[i];
+        }
+        pthread_mutex_lock(&w->mu);
+        w->rc = rc;
+        w->full[i] = 0;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+    }
+    return NULL;
+}
+
+static int read_at(int fd, void *buf, uint64_t n, uint64_t off, const char *path,
+                   struct strata_err *err)
+{
+    unsigned char *p = buf;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return strata_err_set(err, STRATA_E_IO, "cannot read '%s': %s", path,
+                                  r < 0 ? strerror(errno) : "file is shorter than it was");
+        p += r;
+        n -= (uint64_t)r;
+        off += (uint64_t)r;
+    }
+    return 0;
+}
+
+#define BLOCK_BYTES (64ull << 20)
+
+static int write_experts(const struct strata_gguf *g, const struct strata_pack_layer *L,
+                         uint32_t n_layer, int fd_out, const char *out_path,
+                         char bin_hex[STRATA_SHA256_HEX], uint64_t bin_size,
+                         const struct strata_pack_build_opts *o, struct strata_err *err)
+{
+    struct writer w = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER,
+                       .fd = fd_out, .path = out_path};
+    uint32_t n_shards = strata_gguf_n_shards(g);
+    /* a descriptor per (part, shard): each read stream keeps its own
+     * readahead window */
+    int n_fd = n_shards * STRATA_PACK_MAX_PARTS <= 512 ? STRATA_PACK_MAX_PARTS : 1;
+    int *fds = malloc(sizeof(int) * (size_t)n_fd * n_shards);
+    pthread_t th;
+    int started = 0, rc = 0, cur = 0;
+    uint64_t max_rec = 0, done = 0;
+    for (uint32_t i = 0; i < n_layer; i++)
+        if (L[i].record_size > max_rec)
+            max_rec = L[i].record_size;
+    uint64_t cap = max_rec > BLOCK_BYTES ? max_rec : BLOCK_BYTES / (max_rec ? max_rec : 1) *
+                                                         (max_rec ? max_rec : 1);
+    w.h = strata_sha256_new();
+    for (int b = 0; b < N_BLOCKS; b++)
+        w.block[b] = malloc(cap ? cap : 1);
+    if (!fds || !w.h || !w.block[0] || !w.block[1]) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory for %" PRIu64
+                            "-byte expert blocks", cap);
+        goto out;
+    }
+    for (int i = 0; i < n_fd * (int)n_shards; i++)
+        fds[i] = -1;
+    for (int k = 0; k < n_fd; k++)
+        for (uint32_t s = 0; s < n_shards; s++) {
+            int fd = open(strata_gguf_shard_path(g, s), O_RDONLY | O_CLOEXEC);
+            if (fd < 0) {
+                rc = strata_err_set(err, STRATA_E_IO, "cannot open '%s': %s",
+                                    strata_gguf_shard_path(g, s), strerror(errno));
+                goto out;
+            }
+            posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+            fds[k * n_shards + s] = fd;
+        }
+    if (pthread_create(&th, NULL, writer_main, &w)) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "cannot start a thread");
+        goto out;
+    }
+    started = 1;
+    for (uint32_t il = 0; il < n_layer && !rc; il++) {
+        const struct strata_pack_layer *ly = &L[il];
+        if (!ly->n_parts)
+            continue;
+        uint32_t group = (uint32_t)(cap / ly->record_size);
+        for (uint32_t e0 = 0; e0 < ly->n_expert && !rc; e0 += group) {
+            uint32_t n = ly->n_expert - e0 < group ? ly->n_expert - e0 : group;
+            pthread_mutex_lock(&w.mu);
+            while (w.full[cur] && !w.rc)
+                pthread_cond_wait(&w.cv, &w.mu);
+            rc = w.rc;
+            pthread_mutex_unlock(&w.mu);
+            if (rc)
+                break;
+            unsigned char *blk = w.block[cur];
+            memset(blk, 0, n * ly->record_size); /* padding is zeros */
+            for (uint32_t k = 0; k < ly->n_parts && !rc; k++) {
+                const struct strata_pack_part *p = &ly->part[k];
+                int fd = fds[(k < (uint32_t)n_fd ? k : 0) * n_shards + p->src->shard];
+                for (uint32_t e = 0; e < n && !rc; e++)
+                    rc = read_at(fd, blk + (uint64_t)e * ly->record_size + p->rec_offset,
+                                 p->n_bytes, p->src->offset + (uint64_t)(e0 + e) * p->n_bytes,
+                                 strata_gguf_shard_path(g, p->src->shard), err);
+            }
+            if (rc)
+                break;
+            pthread_mutex_lock(&w.mu);
+            w.len[cur] = n * ly->record_size;
+            w.off[cur] = ly->record_offset + (uint64_t)e0 * ly->record_size;
+            w.full[cur] = 1;
+            pthread_cond_broadcast(&w.cv);
+            pthread_mutex_unlock(&w.mu);
+            cur = (cur + 1) % N_BLOCKS;
+            done += n * ly->record_size;
+            if (o->progress && o->progress(EXPERTS_BIN, done, bin_size, o->progress_ud))
+                rc = strata_err_set(err, STRATA_E_CANCELLED, "cancelled");
+        }
+    }
+out:
+    if (started) {
+        pthread_mutex_lock(&w.mu);
+        w.done = 1;
+        pthread_cond_broadcast(&w.cv);
+        pthread_mutex_unlock(&w.mu);
+        pthread_join(th, NULL);
+        if (!rc && w.rc) {
+            rc = w.rc;
+            if (err)
+                *err = w.err;
+        }
+    }
+    if (!rc && strata_sha256_final(w.h, bin_hex))
+        rc = strata_err_set(err, STRATA_E_INTERNAL, "hashing '%s' failed", out_path);
+    for (int i = 0; fds && i < n_fd * (int)n_shards; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+    free(fds);
+    for (int b = 0; b < N_BLOCKS; b++)
+        free(w.block[b]);
+    strata_sha256_free(w.h);
     return rc;
 }
 
@@ -733,23 +881,33 @@ int strata_pack_build(const struct strata_pack_build_opts *o, struct strata_err 
                 goto out;
         }
     }
+    /* the sources' hashes: known from the download, else computed (on a
+     * thread beside the experts.bin writer when repacking) */
     for (uint32_t s = 0; s < n_shards; s++) {
         const char *k = known_hash(o, strata_gguf_shard_path(g, s));
-        if (k && fd_out < 0) {
+        if (k)
             snprintf(hex[s], STRATA_SHA256_HEX, "%s", k);
-            continue;
+    }
+    if (fd_out < 0) {
+        for (uint32_t s = 0; s < n_shards; s++)
+            if (!hex[s][0] && (rc = hash_shard(g, s, hex[s], o, err)))
+                goto out;
+    } else {
+        struct src_hasher sh = {.g = g, .hex = hex, .o = o};
+        pthread_t th;
+        int hashing = pthread_create(&th, NULL, src_hasher_main, &sh) == 0;
+        if (!hashing)
+            src_hasher_main(&sh);
+        rc = write_experts(g, L, n_layer, fd_out, tmp_path, bin_hex, bin_size, o, err);
+        if (hashing)
+            pthread_join(th, NULL);
+        if (!rc && sh.rc) {
+            rc = sh.rc;
+            if (err)
+                *err = sh.err;
         }
-        rc = pass_shard(g, s, L, n_layer, fd_out, tmp_path, hex[s], o, err);
         if (rc)
             goto out;
-        if (k && strcmp(k, hex[s])) {
-            rc = strata_err_set(err, STRATA_E_CHECKSUM,
-                                "'%s': sha256 %s, expected %s",
-                                strata_gguf_shard_path(g, s), hex[s], k);
-            goto out;
-        }
-    }
-    if (fd_out >= 0) {
         if (fsync(fd_out)) {
             rc = strata_err_set(err, STRATA_E_IO, "cannot write '%s': %s", tmp_path,
                                 strerror(errno));
@@ -757,15 +915,6 @@ int strata_pack_build(const struct strata_pack_build_opts *o, struct strata_err 
         }
         close(fd_out);
         fd_out = -1;
-        uint64_t n = 0;
-        rc = strata_sha256_file(tmp_path, UINT64_MAX, bin_hex, &n, err);
-        if (rc)
-            goto out;
-        if (n != bin_size) {
-            rc = strata_err_set(err, STRATA_E_IO, "'%s' is %" PRIu64 " bytes, expected %"
-                                PRIu64, tmp_path, n, bin_size);
-            goto out;
-        }
         if (rename(tmp_path, bin_path)) {
             rc = strata_err_set(err, STRATA_E_IO, "cannot rename '%s': %s", tmp_path,
                                 strerror(errno));
