@@ -452,6 +452,8 @@ int strata_vocab_load(struct strata_vocab **out, const struct strata_gguf *g,
         snprintf(hex, sizeof(hex), "<0x%02X>", b);
         v->byte_tok[b] = vocab_lookup(v, hex, 6);
     }
+    if (v->kind == STRATA_VOCAB_SPM)
+        vocab_spm_init(v);
     if (v->kind == STRATA_VOCAB_BPE) {
         if ((rc = vocab_bpe_init(v, g, err)))
             goto out;

@@ -110,6 +110,10 @@ struct strata_vocab {
 
     /* SPM */
     int32_t byte_tok[256];  /* <0xNN> token ids, -1 none */
+    /* 1 for an ASCII byte that no mergeable piece of two or more characters
+     * contains: no merge crosses it, so the text is merged in independent
+     * chunks between such bytes (a newline, for most vocabularies) */
+    uint8_t spm_barrier[128];
 };
 
 uint64_t vocab_hash_bytes(const char *s, size_t n);
@@ -126,6 +130,7 @@ int vocab_bpe_tokenize(const struct strata_vocab *v, const char *text, size_t le
 size_t vocab_bpe_decode_piece(const struct strata_vocab *v, const char *s, size_t len,
                               char *dst);
 
+void vocab_spm_init(struct strata_vocab *v);
 int vocab_spm_tokenize(const struct strata_vocab *v, const char *text, size_t len,
                        struct vocab_ids *out, struct strata_err *err);
 

@@ -97,12 +97,93 @@ static int try_pair(const struct strata_vocab *v, const char *text, const struct
     return heap_push(h, it, err);
 }
 
+void vocab_spm_init(struct strata_vocab *v)
+{
+    for (int c = 0; c < 128; c++)
+        v->spm_barrier[c] = 1;
+    for (int32_t id = 0; id < v->n_tokens; id++) {
+        if (!mergeable(v, id))
+            continue;
+        const unsigned char *s = (const unsigned char *)v->text_blob + v->text_off[id];
+        size_t n = v->text_len[id], chars = 0;
+        for (size_t i = 0; i < n; i++)
+            chars += (s[i] & 0xC0) != 0x80;
+        if (chars < 2)
+            continue;
+        for (size_t i = 0; i < n; i++)
+            if (s[i] < 0x80)
+                v->spm_barrier[s[i]] = 0;
+    }
+}
+
+struct spm_work {
+    struct spm_sym *sym;
+    struct spm_heap h;
+};
+
+/* Merge one chunk of escaped text and append its ids. */
+static int spm_chunk(const struct strata_vocab *v, struct spm_work *w, const char *esc,
+                     size_t off, size_t end, struct vocab_ids *out, struct strata_err *err)
+{
+    struct spm_sym *sym = w->sym;
+    int rc;
+    int32_t ns = 0;
+    for (size_t i = off; i < end;) {
+        size_t l;
+        if (vocab_utf8_check((const unsigned char *)esc + i, end - i, &l) != 1)
+            l = 1; /* cannot happen: the text was made valid UTF-8 */
+        sym[ns].off = i;
+        sym[ns].n = l;
+        sym[ns].prev = ns - 1;
+        sym[ns].next = i + l < end ? ns + 1 : -1;
+        ns++;
+        i += l;
+    }
+    w->h.n = 0;
+    for (int32_t i = 1; i < ns; i++)
+        if ((rc = try_pair(v, esc, sym, i - 1, i, &w->h, err)))
+            return rc;
+    while (w->h.n) {
+        struct spm_item it = heap_pop(&w->h);
+        struct spm_sym *l = &sym[it.left], *r = &sym[it.right];
+        if (l->n == 0 || r->n == 0 || l->n + r->n != it.size || l->next != it.right)
+            continue;
+        l->n += r->n;
+        r->n = 0;
+        l->next = r->next;
+        if (r->next >= 0)
+            sym[r->next].prev = it.left;
+        if ((rc = try_pair(v, esc, sym, l->prev, it.left, &w->h, err)) ||
+            (rc = try_pair(v, esc, sym, it.left, l->next, &w->h, err)))
+            return rc;
+    }
+    for (int32_t i = ns ? 0 : -1; i >= 0; i = sym[i].next) {
+        int32_t id = vocab_lookup(v, esc + sym[i].off, sym[i].n);
+        if (id >= 0) {
+            if ((rc = vocab_ids_push(out, id, err)))
+                return rc;
+            continue;
+        }
+        for (size_t k = 0; k < sym[i].n; k++) {
+            int32_t b = v->byte_tok[(unsigned char)esc[sym[i].off + k]];
+            if (b < 0)
+                b = v->unk;
+            if (b < 0)
+                continue;
+            if ((rc = vocab_ids_push(out, b, err)))
+                return rc;
+            if (b == v->unk)
+                break; /* one unknown token per character */
+        }
+    }
+    return 0;
+}
+
 int vocab_spm_tokenize(const struct strata_vocab *v, const char *text, size_t len,
                        struct vocab_ids *out, struct strata_err *err)
 {
     static const char space[] = "\xE2\x96\x81";
-    struct spm_sym *sym = NULL;
-    struct spm_heap h = { 0 };
+    struct spm_work w = { 0 };
     char *esc = NULL;
     size_t n = 0;
     int rc;
@@ -128,63 +209,29 @@ int vocab_spm_tokenize(const struct strata_vocab *v, const char *text, size_t le
             esc[n++] = text[i];
         }
     }
-    sym = malloc((n ? n : 1) * sizeof(*sym));
-    if (!sym) {
+    w.sym = malloc((n ? n : 1) * sizeof(*w.sym));
+    if (!w.sym) {
         rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory (%zu bytes of text)", len);
         goto out;
     }
-    int32_t ns = 0;
-    for (size_t i = 0; i < n;) {
-        size_t l;
-        if (vocab_utf8_check((const unsigned char *)esc + i, n - i, &l) != 1)
-            l = 1; /* cannot happen: the text was made valid UTF-8 */
-        sym[ns].off = i;
-        sym[ns].n = l;
-        sym[ns].prev = ns - 1;
-        sym[ns].next = i + l < n ? ns + 1 : -1;
-        ns++;
-        i += l;
-    }
-    for (int32_t i = 1; i < ns; i++)
-        if ((rc = try_pair(v, esc, sym, i - 1, i, &h, err)))
-            goto out;
-    while (h.n) {
-        struct spm_item it = heap_pop(&h);
-        struct spm_sym *l = &sym[it.left], *r = &sym[it.right];
-        if (l->n == 0 || r->n == 0 || l->n + r->n != it.size || l->next != it.right)
-            continue;
-        l->n += r->n;
-        r->n = 0;
-        l->next = r->next;
-        if (r->next >= 0)
-            sym[r->next].prev = it.left;
-        if ((rc = try_pair(v, esc, sym, l->prev, it.left, &h, err)) ||
-            (rc = try_pair(v, esc, sym, it.left, l->next, &h, err)))
-            goto out;
-    }
-    for (int32_t i = ns ? 0 : -1; i >= 0; i = sym[i].next) {
-        int32_t id = vocab_lookup(v, esc + sym[i].off, sym[i].n);
-        if (id >= 0) {
-            if ((rc = vocab_ids_push(out, id, err)))
+    /* barrier bytes are chunks of their own; results equal merging the
+     * whole text at once, since no merge can involve them */
+    size_t start = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)esc[i];
+        if (c < 0x80 && v->spm_barrier[c]) {
+            if ((i > start && (rc = spm_chunk(v, &w, esc, start, i, out, err))) ||
+                (rc = spm_chunk(v, &w, esc, i, i + 1, out, err)))
                 goto out;
-            continue;
-        }
-        for (size_t k = 0; k < sym[i].n; k++) {
-            int32_t b = v->byte_tok[(unsigned char)esc[sym[i].off + k]];
-            if (b < 0)
-                b = v->unk;
-            if (b < 0)
-                continue;
-            if ((rc = vocab_ids_push(out, b, err)))
-                goto out;
-            if (b == v->unk)
-                break; /* one unknown token per character */
+            start = i + 1;
         }
     }
+    if (n > start && (rc = spm_chunk(v, &w, esc, start, n, out, err)))
+        goto out;
     rc = 0;
 out:
     free(esc);
-    free(sym);
-    free(h.v);
+    free(w.sym);
+    free(w.h.v);
     return rc;
 }
