@@ -1334,6 +1334,28 @@ int strata_pack_expert(const struct strata_pack *p, uint32_t il, uint32_t ie,
     return 0;
 }
 
+int strata_pack_expert_tensor(const struct strata_pack *p, const char *tensor,
+                              const void **data, size_t *stride, struct strata_err *err)
+{
+    for (uint32_t il = 0; il < p->n_layer; il++) {
+        const struct strata_pack_layer *L = &p->layers[il];
+        for (uint32_t k = 0; k < L->n_parts; k++) {
+            if (strcmp(L->part[k].tensor, tensor))
+                continue;
+            if (p->mode == STRATA_PACK_REPACKED) {
+                *data = p->experts_map + L->record_offset + L->part[k].rec_offset;
+                *stride = (size_t)L->record_size;
+            } else {
+                *data = L->part[k].src->data;
+                *stride = (size_t)L->part[k].n_bytes;
+            }
+            return 0;
+        }
+    }
+    return strata_err_set(err, STRATA_E_NOTFOUND, "'%s' is not a routed-expert tensor",
+                          tensor);
+}
+
 /* ---- verify, commit ---------------------------------------------------- */
 
 struct vctx {

@@ -21,6 +21,11 @@
  *   for each layer l: const struct strata_pack_layer *L = strata_pack_layer(p, l);
  *       if (L) strata_pack_expert(p, l, e, &x);  // where expert e's bytes are
  *
+ * An engine whose weights are (data, bytes per expert) pairs reads a
+ * repacked pack by taking both from strata_pack_expert_tensor() for every
+ * *_exps tensor after loading the model from strata_pack_gguf(); nothing
+ * else changes.
+ *
  * strata_pack_gguf() is the same view a bare GGUF gives: dense tensors (and,
  * in native packs, the routed experts) are read through it unchanged.  For a
  * repacked pack, x.record points at the whole contiguous record in the
@@ -136,6 +141,16 @@ const struct strata_pack_layer *strata_pack_layer(const struct strata_pack *p, u
  * without experts, expert out of range; named). */
 int strata_pack_expert(const struct strata_pack *p, uint32_t il, uint32_t ie,
                        struct strata_pack_expert *out, struct strata_err *err);
+
+/* Where the routed-expert tensor named tensor (e.g. "blk.3.ffn_up_exps.weight")
+ * has expert 0's bytes, and the stride from one expert to the next: in a
+ * repacked pack inside the mapping of experts.bin (stride = the layer's
+ * record_size), else inside the GGUF mapping (stride = one expert's slice).
+ * A drop-in for a weight's (data, bytes per expert matrix): expert e's rows
+ * start at data + e * stride and are laid out as in the GGUF.
+ * Returns 0, or STRATA_E_NOTFOUND (not a routed-expert tensor; named). */
+int strata_pack_expert_tensor(const struct strata_pack *p, const char *tensor,
+                              const void **data, size_t *stride, struct strata_err *err);
 
 /* Progress of long operations: done/total bytes of what (a file name).
  * Return nonzero to cancel (the operation fails with STRATA_E_CANCELLED). */

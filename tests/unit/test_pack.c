@@ -166,6 +166,20 @@ static void test_build(const char *gguf, const struct strata_gguf *ref, int repa
                strstr(L->part[1].tensor, "up") && strstr(L->part[2].tensor, "down"),
            "%s: records aligned, gate/up/down in order", label);
     }
+    {
+        const void *d = NULL;
+        size_t stride = 0;
+        const struct strata_gguf_tensor *t =
+            strata_gguf_find_tensor(ref, "blk.2.ffn_down_exps.weight");
+        int r = strata_pack_expert_tensor(p, "blk.2.ffn_down_exps.weight", &d, &stride, &err);
+        ok(r == 0 && t && !memcmp((const char *)d + 5 * stride,
+                                  (const char *)t->data + 5 * (t->n_bytes / 16), t->n_bytes / 16),
+           "%s: expert tensor view (data, stride %zu) reaches expert 5's down bytes", label,
+           stride);
+        ok(strata_pack_expert_tensor(p, "blk.2.attn_q.weight", &d, &stride, &err) ==
+               STRATA_E_NOTFOUND,
+           "%s: a dense tensor has no expert view", label);
+    }
     struct strata_pack_expert x;
     ok(strata_pack_expert(p, 0, 16, &x, &err) == STRATA_E_INVALID && strstr(err.msg, "16"),
        "%s: expert out of range refused: %s", label, err.msg);
