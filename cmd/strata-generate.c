@@ -10,6 +10,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "chat.h"
 #include "engine.h"
 #include "err.h"
 #include "generate.h"
@@ -27,6 +28,7 @@ static const char usage_text[] =
     "       strata-generate -m MODEL --bench PP,TG [-t N]\n"
     "       strata-generate -m MODEL --tokenize TEXT|- [--add-bos] [--no-special] [--json]\n"
     "       strata-generate -m MODEL --detokenize \"ID ID ...\"\n"
+    "       strata-generate [-m MODEL] --render-chat FILE.json [--chat-template FILE] [--json]\n"
     "\n"
     "  -m, --model MODEL       GGUF model file\n"
     "  -p, --prompt TEXT       prompt text (default: read stdin)\n"
@@ -60,6 +62,12 @@ static const char usage_text[] =
     "      --add-bos           --tokenize: prepend BOS as the model would\n"
     "      --no-special        --tokenize: special-token text (<|im_end|>) is plain text\n"
     "      --detokenize IDS    print the text of space-separated ids (specials rendered)\n"
+    "      --render-chat FILE  print the prompt the model's chat template makes of an\n"
+    "                          OpenAI-style request body (messages, tools,\n"
+    "                          add_generation_prompt, chat_template_kwargs; '-': stdin);\n"
+    "                          --json also gives the tool-call format; strftime_now()\n"
+    "                          uses $SOURCE_DATE_EPOCH when set\n"
+    "      --chat-template FILE  Jinja chat template to use instead of the model's\n"
     "  -v, --verbose           more diagnostics on stderr\n"
     "  -h, --help              show this help\n"
     "\n"
@@ -76,6 +84,7 @@ struct opts {
     int bench_pp, bench_tg, bench;
     const char *tokenize, *detokenize;
     int add_bos, no_special;
+    const char *render_chat, *chat_template;
     const char *stop[MAX_STOP];
     size_t n_stop;
     struct strata_gen_params gp;
@@ -558,6 +567,82 @@ static int run_bench(struct opts *o, struct strata_engine *e)
     return 0;
 }
 
+/* ---- mode: render a chat request with the chat template ---- */
+
+static int run_render_chat(const struct opts *o)
+{
+    struct strata_err err = { 0 };
+    struct strata_gguf *g = NULL;
+    struct strata_chat *chat = NULL;
+    struct strata_jinja_opts jo = { 0 };
+    cJSON *req = NULL, *js = NULL;
+    char *body = NULL, *tmpl = NULL, *prompt = NULL, *text = NULL;
+    size_t body_n = 0, tmpl_n = 0, prompt_n = 0;
+    int ret = STRATA_EXIT_BAD_INPUT;
+    const char *sde = getenv("SOURCE_DATE_EPOCH");
+    if (!o->model && !o->chat_template) {
+        fprintf(stderr, PROG ": --render-chat needs -m MODEL or --chat-template FILE\n");
+        return STRATA_EXIT_USAGE;
+    }
+    if (strcmp(o->render_chat, "-") == 0) {
+        if (read_all(stdin, &body, &body_n)) {
+            fprintf(stderr, PROG ": cannot read the request from stdin\n");
+            goto out;
+        }
+    } else if (read_file(o->render_chat, &body, &body_n)) {
+        goto out;
+    }
+    if (!(req = cJSON_ParseWithLength(body, body_n)) || !cJSON_IsObject(req)) {
+        fprintf(stderr, PROG ": '%s' is not a JSON object\n", o->render_chat);
+        goto out;
+    }
+    if (o->chat_template && read_file(o->chat_template, &tmpl, &tmpl_n))
+        goto out;
+    if (o->model && strata_gguf_open(&g, o->model, &err)) {
+        ret = fail(&err);
+        goto out;
+    }
+    if (g ? strata_chat_create_gguf(&chat, g, tmpl, tmpl_n, &err)
+          : strata_chat_create(&chat, tmpl, tmpl_n, o->chat_template, NULL, NULL, &err)) {
+        ret = fail(&err);
+        goto out;
+    }
+    if (sde && *sde)
+        jo.now = (time_t)strtoll(sde, NULL, 10);
+    if (strata_chat_render(chat, req, &jo, &prompt, &prompt_n, &err)) {
+        if (err.code == STRATA_E_TEMPLATE)
+            strata_err_wrap(&err, "chat template error: ");
+        ret = fail(&err);
+        goto out;
+    }
+    if (o->json) {
+        enum strata_chat_format f = strata_chat_get_format(chat);
+        if (!(js = cJSON_CreateObject()) || !cJSON_AddStringToObject(js, "prompt", prompt)
+            || !cJSON_AddStringToObject(js, "format", strata_chat_format_name(f))
+            || !cJSON_AddBoolToObject(js, "reasoning_open",
+                                      strata_chat_prompt_opens_reasoning(prompt, prompt_n))
+            || !(text = cJSON_PrintUnformatted(js))) {
+            fprintf(stderr, PROG ": out of memory\n");
+            ret = STRATA_EXIT_NOMEM;
+            goto out;
+        }
+        printf("%s\n", text);
+    } else {
+        fwrite(prompt, 1, prompt_n, stdout);
+    }
+    ret = fflush(stdout) == 0 ? STRATA_EXIT_OK : STRATA_EXIT_FAILURE;
+out:
+    free(text);
+    cJSON_Delete(js);
+    free(prompt);
+    strata_chat_free(chat);
+    strata_gguf_close(g);
+    free(tmpl);
+    cJSON_Delete(req);
+    free(body);
+    return ret;
+}
+
 /* ---- main ---- */
 
 enum {
@@ -565,6 +650,7 @@ enum {
     OPT_PPEN, OPT_FPEN, OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_TOPLP, OPT_PREFILL, OPT_KV,
     OPT_BACKEND, OPT_PPL, OPT_CHUNKS, OPT_DUMP, OPT_IDS, OPT_BENCH,
     OPT_TOKENIZE, OPT_DETOKENIZE, OPT_ADD_BOS, OPT_NO_SPECIAL,
+    OPT_RENDER_CHAT, OPT_CHAT_TEMPLATE,
 };
 
 /* ---- mode: tokenize / detokenize (needs only the vocabulary) ---- */
@@ -735,6 +821,8 @@ int main(int argc, char **argv)
         {"detokenize", required_argument, NULL, OPT_DETOKENIZE},
         {"add-bos", no_argument, NULL, OPT_ADD_BOS},
         {"no-special", no_argument, NULL, OPT_NO_SPECIAL},
+        {"render-chat", required_argument, NULL, OPT_RENDER_CHAT},
+        {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
         {"verbose", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -818,6 +906,8 @@ int main(int argc, char **argv)
         case OPT_DETOKENIZE: o.detokenize = optarg; break;
         case OPT_ADD_BOS: o.add_bos = 1; break;
         case OPT_NO_SPECIAL: o.no_special = 1; break;
+        case OPT_RENDER_CHAT: o.render_chat = optarg; break;
+        case OPT_CHAT_TEMPLATE: o.chat_template = optarg; break;
         case 'v': o.verbose = 1; break;
         case 'h': fputs(usage_text, stdout); return STRATA_EXIT_OK;
         default: bad = 1; break;
@@ -832,6 +922,8 @@ int main(int argc, char **argv)
         fputs(usage_text, stderr);
         return STRATA_EXIT_USAGE;
     }
+    if (o.render_chat)
+        return run_render_chat(&o);
     if (!o.model) {
         fprintf(stderr, PROG ": no model given (-m MODEL)\n");
         fputs(usage_text, stderr);
