@@ -519,6 +519,76 @@ static void test_synthetic(void)
     close_model(&m);
 }
 
+/* Every pre-tokenizer name loads (its regexes compile) and tokenizes mixed
+ * text to pieces that decode back to it; the digit rules differ as the
+ * tokenizer.json files say. */
+static void test_all_pre(void)
+{
+    static const char *names[] = {
+        "default", "gpt-2", "llama-bpe", "llama3", "qwen2", "deepseek-llm", "deepseek-coder",
+        "deepseek-v3", "falcon", "starcoder", "refact", "mpt", "gpt-4o", "kimi-k2", "glm4",
+        "dbrx", "smollm", "llama4", "chatglm-bpe", "deepseek-r1-qwen",
+    };
+    static const char *text =
+        "Hello, y'all! I'M fine\n\n  x = 12345678 + 3.14;\t// \xE6\x88\x91\xE6\x83\xB3"
+        "\xE5\x9C\xA8 \xE3\x81\xB2\xE3\x82\x89 \xED\x95\x9C Caf\x65\xCC\x81 \xF0\x9F\xA6\x99"
+        " \xC2\xBD\xC2\xB2 ***** >>TITLE<< \xE2\x80\x94 \xEF\xBC\xA1  \n";
+    struct model m;
+    struct strata_err err = { 0 };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        int rc = make_bpe(&m, "gpt2", names[i], NULL, NULL, 0, NULL, 0, -1, &err);
+        if (rc == STRATA_E_NOTFOUND) {
+            /* merges are required: give it an empty list */
+            static const char *none[] = { "a b" };
+            close_model(&m);
+            rc = make_bpe(&m, "gpt2", names[i], NULL, NULL, 0, none, 1, -1, &err);
+        }
+        if (!ok(rc == 0, "pre-tokenizer '%s' loads (%s)", names[i], err.msg)) {
+            close_model(&m);
+            continue;
+        }
+        const char *nfc_names = "qwen2 mpt deepseek-r1-qwen";
+        int nfc = strstr(nfc_names, names[i]) != NULL;
+        int32_t *ids = NULL;
+        char *back = NULL;
+        size_t bl = 0;
+        long n = tok(m.v, text, strlen(text), 0, 1, &ids);
+        int good = n > 0 && strata_vocab_detokenize(m.v, ids, (size_t)n, 1, &back, &bl, &err) == 0;
+        if (good && !nfc)
+            good = bl == strlen(text) && memcmp(back, text, bl) == 0;
+        if (good && nfc)
+            good = strstr(back, "Caf\xC3\xA9") != NULL;
+        ok(good, "pre-tokenizer '%s': %ld byte tokens decode to the text%s", names[i], n,
+           nfc ? " (NFC)" : "");
+        free(ids);
+        free(back);
+        close_model(&m);
+    }
+    /* digit rules: merges could join "1234" whole; the pre-tokenizer decides
+     * where they may not */
+    static const char *extra[] = { "12", "123", "1234" };
+    static const int32_t types[] = { 1, 1, 1 };
+    static const char *merges[] = { "1 2", "12 3", "123 4" };
+    static const struct { const char *pre, *want; } digits[] = {
+        { "qwen2", "1|2|3|4" },     { "llama-bpe", "123|4" },  { "deepseek-v3", "123|4" },
+        { "gpt-2", "1234" },        { "starcoder", "1|2|3|4" }, { "deepseek-coder", "1|2|3|4" },
+        { "deepseek-llm", "1|2|3|4" }, { "falcon", "123|4" },   { "gpt-4o", "123|4" },
+        { "kimi-k2", "123|4" },     { "glm4", "123|4" },       { "mpt", "1234" },
+        { "refact", "1|2|3|4" },
+    };
+    for (size_t i = 0; i < sizeof(digits) / sizeof(digits[0]); i++) {
+        if (make_bpe(&m, "gpt2", digits[i].pre, extra, types, 3, merges, 3, -1, &err) == 0) {
+            char *p = pieces(m.v, "1234", 1);
+            ok(strcmp(p, digits[i].want) == 0, "'%s' splits 1234 as '%s' (want '%s')",
+               digits[i].pre, p, digits[i].want);
+            free(p);
+        } else {
+            ok(0, "'%s' loads: %s", digits[i].pre, err.msg);
+        }
+        close_model(&m);
+    }
+}
+
 int main(void)
 {
     test_tinycoder_reference();
@@ -526,5 +596,6 @@ int main(void)
     test_digit_rules();
     test_spm();
     test_synthetic();
+    test_all_pre();
     return tap_done();
 }
