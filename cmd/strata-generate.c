@@ -19,6 +19,7 @@
 #include "model.h"
 #include "pool.h"
 #include "sampler.h"
+#include "serve_stdio.h"
 #include "vocab.h"
 
 static const char usage_text[] =
@@ -68,6 +69,7 @@ static const char usage_text[] =
     "                          --json also gives the tool-call format; strftime_now()\n"
     "                          uses $SOURCE_DATE_EPOCH when set\n"
     "      --chat-template FILE  Jinja chat template to use instead of the model's\n"
+    "      --serve-stdio       speak the engine protocol on stdin/stdout (for strata-serve)\n"
     "  -v, --verbose           more diagnostics on stderr\n"
     "  -h, --help              show this help\n"
     "\n"
@@ -84,6 +86,7 @@ struct opts {
     int bench_pp, bench_tg, bench;
     const char *tokenize, *detokenize;
     int add_bos, no_special;
+    int serve_stdio;
     const char *render_chat, *chat_template;
     const char *stop[MAX_STOP];
     size_t n_stop;
@@ -567,6 +570,18 @@ static int run_bench(struct opts *o, struct strata_engine *e)
     return 0;
 }
 
+/* ---- mode: --serve-stdio (the engine protocol, lib/serve_stdio.h) ---- */
+
+static int run_serve_stdio(struct strata_engine *e, const struct strata_vocab *v)
+{
+    struct strata_err err = { 0 };
+    struct strata_serve_stdio_opts so;
+    strata_serve_stdio_opts_init(&so);
+    if (strata_serve_stdio(e, v, &so, &err))
+        return fail(&err);
+    return STRATA_EXIT_OK;
+}
+
 /* ---- mode: render a chat request with the chat template ---- */
 
 static int run_render_chat(const struct opts *o)
@@ -650,6 +665,7 @@ enum {
     OPT_PPEN, OPT_FPEN, OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_TOPLP, OPT_PREFILL, OPT_KV,
     OPT_BACKEND, OPT_PPL, OPT_CHUNKS, OPT_DUMP, OPT_IDS, OPT_BENCH,
     OPT_TOKENIZE, OPT_DETOKENIZE, OPT_ADD_BOS, OPT_NO_SPECIAL,
+    OPT_SERVE_STDIO,
     OPT_RENDER_CHAT, OPT_CHAT_TEMPLATE,
 };
 
@@ -821,6 +837,7 @@ int main(int argc, char **argv)
         {"detokenize", required_argument, NULL, OPT_DETOKENIZE},
         {"add-bos", no_argument, NULL, OPT_ADD_BOS},
         {"no-special", no_argument, NULL, OPT_NO_SPECIAL},
+        {"serve-stdio", no_argument, NULL, OPT_SERVE_STDIO},
         {"render-chat", required_argument, NULL, OPT_RENDER_CHAT},
         {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
         {"verbose", no_argument, NULL, 'v'},
@@ -906,6 +923,7 @@ int main(int argc, char **argv)
         case OPT_DETOKENIZE: o.detokenize = optarg; break;
         case OPT_ADD_BOS: o.add_bos = 1; break;
         case OPT_NO_SPECIAL: o.no_special = 1; break;
+        case OPT_SERVE_STDIO: o.serve_stdio = 1; break;
         case OPT_RENDER_CHAT: o.render_chat = optarg; break;
         case OPT_CHAT_TEMPLATE: o.chat_template = optarg; break;
         case 'v': o.verbose = 1; break;
@@ -954,7 +972,9 @@ int main(int argc, char **argv)
         ret = fail(&err);
         goto out;
     }
-    if (o.bench)
+    if (o.serve_stdio)
+        ret = run_serve_stdio(e, v);
+    else if (o.bench)
         ret = run_bench(&o, e);
     else if (o.perplexity)
         ret = run_perplexity(&o, e, v);
