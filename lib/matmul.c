@@ -20,6 +20,7 @@
 
 #define TILE_TOK 32
 #define TILE_ACT_BYTES (192 * 1024)
+#define PF_ROWS 2
 
 struct mm_job {
     strata_vec_dot_fn dot;
@@ -29,6 +30,7 @@ struct mm_job {
     int64_t n_tok, tile;
     float *y;
     int64_t r0, r1, chunk;
+    size_t row_bytes;
     int64_t n_chunks;
     atomic_llong next;
 };
@@ -50,6 +52,14 @@ static void mm_worker(void *vctx, int ith, int nth)
             const char *a = j->act + (size_t)t0 * j->act_stride;
             for (int64_t r = ra; r < rb; r++) {
                 const char *wr = (const char *)j->w->data + (size_t)r * j->w->nb1;
+                /* reading a row at a time leaves too few misses in flight
+                 * for the core to reach the memory bandwidth: ask for the
+                 * row PF_ROWS ahead (into L2) while this one is computed */
+                if (nt == 1 && r + PF_ROWS < rb) {
+                    const char *pf = wr + PF_ROWS * j->w->nb1;
+                    for (size_t o = 0; o < j->row_bytes; o += 64)
+                        __builtin_prefetch(pf + o, 0, 2);
+                }
                 j->dot(j->w->ne0, wr, a, j->act_stride, nt, out);
                 for (int t = 0; t < nt; t++)
                     j->y[(t0 + t) * j->w->ne1 + r] = out[t];
@@ -96,6 +106,7 @@ int strata_matmul_q(struct strata_pool *pool, const struct strata_mat *w, const 
         return strata_err_set(err, STRATA_E_NOMEM, "matmul: out of memory");
     j->dot = strata_quant_vec_dot_fn(w->type, simd_level);
     j->w = w;
+    j->row_bytes = strata_ggml_row_size(w->type, (uint64_t)w->ne0);
     j->act = act;
     j->act_stride = act_stride;
     j->n_tok = n_tok;
