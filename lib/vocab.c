@@ -459,6 +459,8 @@ int strata_vocab_load(struct strata_vocab **out, const struct strata_gguf *g,
             goto out;
         if (v->pre->no_bos)
             v->bos = -1;
+        if (v->pre->bos_default && !strata_gguf_find_kv(g, "tokenizer.ggml.add_bos_token"))
+            v->add_bos = 1;
     }
     if ((rc = build_trie(v, err)) || (rc = build_decoded(v, err)))
         goto out;

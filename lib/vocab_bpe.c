@@ -94,33 +94,32 @@
 
 /* Each entry mirrors the pre_tokenizer (and normalizer) of the model's
  * tokenizer.json; names are the tokenizer.ggml.pre values llama.cpp's
- * converter writes for them. */
+ * converter writes for them.  A name is listed only where its
+ * tokenizer.json is known: an unknown name is refused rather than
+ * tokenized by a guess. */
 static const struct vocab_pre pre_table[] = {
-    { "default|gpt-2|gpt2|phi-2|jina-es|jina-de|jina-v2-es|jina-v2-de|roberta-bpe|olmo|jais|"
-      "exaone4|mellum",
-      0, 0, 0, 1, { BYTELEVEL_RE } },
+    { "default|gpt-2|gpt2|phi-2", 0, 0, 0, 0, 1, { BYTELEVEL_RE } },
     /* GPT-NeoX tokenizer (MPT): NFC normalizer, ByteLevel */
-    { "mpt", 1, 0, 0, 1, { BYTELEVEL_RE } },
-    { "llama-bpe|llama3|llama-v3|falcon3|falcon-h1|midm-2.0|lfm2", 0, 1, 0, 2,
+    { "mpt", 1, 0, 0, 0, 1, { BYTELEVEL_RE } },
+    { "llama-bpe|llama3|llama-v3", 0, 1, 0, 1, 2,
       { SPLIT(RE_LLAMA3), BYTELEVEL } },
-    { "dbrx|smaug-bpe", 0, 0, 0, 2, { SPLIT(RE_LLAMA3), BYTELEVEL } },
-    { "glm4|chatglm-bpe", 0, 0, 1, 2, { SPLIT(RE_LLAMA3), BYTELEVEL } },
-    { "qwen2|deepseek-r1-qwen|megrez|stablelm2|hunyuan", 1, 0, 0, 2,
+    { "glm4|chatglm-bpe", 0, 0, 1, 0, 2, { SPLIT(RE_LLAMA3), BYTELEVEL } },
+    { "qwen2|deepseek-r1-qwen", 1, 0, 0, 0, 2,
       { SPLIT(RE_QWEN2), BYTELEVEL } },
-    { "deepseek-llm", 0, 0, 0, 7,
+    { "deepseek-llm", 0, 0, 0, 0, 7,
       { SPLIT("[\\r\\n]"), SPLIT(RE_DS_LETTERS), SPLIT(RE_DS_PUNCT), SPLIT("\\s+$"),
         SPLIT(RE_DS_CJK), SPLIT(RE_DIGIT), BYTELEVEL } },
-    { "deepseek-coder", 0, 0, 0, 6,
+    { "deepseek-coder", 0, 0, 0, 0, 6,
       { SPLIT("[\\r\\n]"), SPLIT("\\s?\\p{L}+"), SPLIT("\\s?\\p{P}+"), SPLIT(RE_DS_CJK),
         SPLIT(RE_DIGIT), BYTELEVEL } },
-    { "deepseek-v3|hunyuan-dense|joyai-llm", 0, 0, 0, 4,
+    { "deepseek-v3", 0, 0, 0, 0, 4,
       { SPLIT("\\p{N}{1,3}"), SPLIT(RE_DSV3_HAN), SPLIT(RE_DSV3), BYTELEVEL } },
-    { "falcon", 0, 0, 0, 4,
+    { "falcon", 0, 0, 0, 0, 4,
       { SPLIT(RE_PUNCT), BYTELEVEL_RE, SPLIT(RE_DIGITS), SPLIT("[0-9][0-9][0-9]") } },
-    { "starcoder|refact|smollm|codeshell|command-r|exaone|minerva-7b", 0, 0, 0, 2,
+    { "starcoder|refact|smollm", 0, 0, 0, 0, 2,
       { SPLIT(RE_DIGIT), BYTELEVEL_RE } },
-    { "gpt-4o|llama4|minimax-m2", 0, 1, 0, 2, { SPLIT(RE_O200K), BYTELEVEL } },
-    { "kimi-k2", 0, 1, 0, 2, { SPLIT(RE_KIMI), BYTELEVEL } },
+    { "gpt-4o", 0, 1, 0, 0, 2, { SPLIT(RE_O200K), BYTELEVEL } },
+    { "kimi-k2", 0, 1, 0, 0, 2, { SPLIT(RE_KIMI), BYTELEVEL } },
 };
 
 static const struct vocab_pre *find_pre(const char *name)

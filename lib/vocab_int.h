@@ -54,6 +54,7 @@ struct vocab_pre {
     int nfc;            /* normalizer NFC */
     int ignore_merges;  /* BPE ignore_merges: a whole piece in the vocab is one token */
     int no_bos;         /* the pre name implies no BOS (glm4) */
+    int bos_default;    /* add_bos_token when the key is absent (Llama 3 adds BOS) */
     int n_steps;
     struct {
         int kind;

@@ -496,6 +496,18 @@ static void test_synthetic(void)
     }
     close_model(&m);
 
+    ok(make_bpe(&m, "gpt2", "llama-bpe", extra, types, 5, merges, 3, 256, &err) == 0 &&
+           strata_vocab_add_bos(m.v) && strata_vocab_bos(m.v) == 256,
+       "llama-bpe without add_bos_token adds BOS, as Llama 3 does");
+    close_model(&m);
+    ok(make_bpe(&m, "gpt2", "qwen2", extra, types, 5, merges, 3, 256, &err) == 0 &&
+           !strata_vocab_add_bos(m.v),
+       "qwen2 without add_bos_token adds none");
+    close_model(&m);
+    ok(make_bpe(&m, "gpt2", "glm4", extra, types, 5, merges, 3, 256, &err) == 0 &&
+           strata_vocab_bos(m.v) == -1,
+       "glm4 has no BOS");
+    close_model(&m);
     ok(make_bpe(&m, "gpt2", "no-such-pre", extra, types, 5, merges, 3, -1, &err) ==
                STRATA_E_UNSUPPORTED && strstr(err.msg, "'no-such-pre'"),
        "an unknown pre-tokenizer is an error naming it: %s", err.msg);
@@ -525,9 +537,9 @@ static void test_synthetic(void)
 static void test_all_pre(void)
 {
     static const char *names[] = {
-        "default", "gpt-2", "llama-bpe", "llama3", "qwen2", "deepseek-llm", "deepseek-coder",
+        "default", "gpt-2", "llama-bpe", "qwen2", "deepseek-llm", "deepseek-coder",
         "deepseek-v3", "falcon", "starcoder", "refact", "mpt", "gpt-4o", "kimi-k2", "glm4",
-        "dbrx", "smollm", "llama4", "chatglm-bpe", "deepseek-r1-qwen",
+        "smollm", "chatglm-bpe", "deepseek-r1-qwen", "llama3", "gpt2",
     };
     static const char *text =
         "Hello, y'all! I'M fine\n\n  x = 12345678 + 3.14;\t// \xE6\x88\x91\xE6\x83\xB3"
@@ -560,6 +572,19 @@ static void test_all_pre(void)
             good = strstr(back, "Caf\xC3\xA9") != NULL;
         ok(good, "pre-tokenizer '%s': %ld byte tokens decode to the text%s", names[i], n,
            nfc ? " (NFC)" : "");
+        free(ids);
+        free(back);
+        /* arbitrary bytes: tokenizes, and decodes to valid UTF-8 */
+        char junk[2048];
+        unsigned x = 7u + (unsigned)i;
+        for (size_t k = 0; k < sizeof(junk); k++) {
+            x = x * 1664525u + 1013904223u;
+            junk[k] = (char)(x >> 24);
+        }
+        n = tok(m.v, junk, sizeof(junk), 0, 1, &ids);
+        back = NULL;
+        good = n > 0 && strata_vocab_detokenize(m.v, ids, (size_t)n, 1, &back, &bl, &err) == 0;
+        ok(good, "pre-tokenizer '%s': 2048 random bytes tokenize (%ld tokens)", names[i], n);
         free(ids);
         free(back);
         close_model(&m);
