@@ -626,7 +626,7 @@ static int run_render_chat(const struct opts *o)
         jo.now = (time_t)strtoll(sde, NULL, 10);
     if (strata_chat_render(chat, req, &jo, &prompt, &prompt_n, &err)) {
         if (err.code == STRATA_E_TEMPLATE)
-            strata_err_wrap(&err, "chat template error: ");
+            strata_err_wrap(&err, "chat template error");
         ret = fail(&err);
         goto out;
     }

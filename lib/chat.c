@@ -500,7 +500,7 @@ static int parse_wrapped(struct parsed *p, const char *s, const char *e, const c
             /* generation stopped at the close tag (a stop string) or was cut */
             b = e;
             if ((rc = one(p, a + on, b, err)))
-                return strata_err_wrap(err, "%s: unterminated %s: ", fmt, open);
+                return strata_err_wrap(err, "%s: unterminated %s", fmt, open);
             return 0;
         }
         if ((rc = one(p, a + on, b, err)))
