@@ -101,7 +101,16 @@ $(B)/gpu-tests/%: tests/gpu/%.cu $(wildcard tests/gpu/*.h) $(GPU_TEST_LIB)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCC_FLAGS) $(CUDA_GENCODE) -Itests $< -o $@ $(GPU_TEST_LIB) -lpthread -lm
 
-gpu-tests: $(GPU_TESTS)
+# C tests and benchmarks of the whole GPU build (engine + backend)
+GPU_C_SRCS := $(sort $(wildcard tests/gpu/test_*.c tests/gpu/bench_*.c))
+GPU_C_BINS := $(patsubst tests/gpu/%.c,$(B)/gpu-tests/%,$(GPU_C_SRCS))
+$(B)/gpu-tests/%: tests/gpu/%.c tests/tap.h $(B)/cuda/libstrata.a
+	@mkdir -p $(@D)
+	$(CC) $(REL_CFLAGS) -DSTRATA_WITH_GPU -Itests $< -o $@ $(B)/cuda/libstrata.a \
+	    -L$(CUDA_LIBDIR) -lcudart_static -ldl $(GPU_LIBS)
+
+GPU_TESTS += $(filter $(B)/gpu-tests/test_%,$(GPU_C_BINS))
+gpu-tests: $(GPU_TESTS) $(GPU_C_BINS)
 
 check-gpu: gpu-tests cuda
 	STRATA_BIN=$(abspath $(CUDA_BINDIR)) STRATA_ROOT=$(CURDIR) STRATA_BACKEND=cuda \

@@ -1,39 +1,36 @@
-#!/bin/sh
-# gpu-run.sh - run the prebuilt GPU tests and benchmarks in DIR (default devrun/) on a
-# GPU machine, writing logs under $OUT (default ./gpu-out).  Used to batch a whole
-# device session into one command: builds happen elsewhere, this only runs.
-#   scripts/gpu-run.sh [DIR] [what...]   what: tests bench golden (default: all present)
+#!/bin/bash
+# gpu-run.sh - run the GPU tests and benchmarks packed by gpu-devrun.sh on a GPU
+# machine; logs go under $OUT (default ./gpu-out), a summary to stdout.
+#   scripts/gpu-run.sh [tests] [golden] [bench] [bench-args...]
 set -u
-dir=${1:-devrun}
-[ $# -gt 0 ] && shift
-out=${OUT:-./gpu-out}
+root=$(pwd)
+out=${OUT:-$root/gpu-out}
 mkdir -p "$out"
-what=${*:-tests bench golden}
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv \
-    > "$out/nvidia-smi.txt" 2>&1 || true
-cat "$out/nvidia-smi.txt"
+st=/tmp/strata-dev
+rm -rf "$st" && mkdir -p "$st" && tar -C "$st" -xJf devrun/bin.tar.xz || exit 1
+export LD_LIBRARY_PATH=$st/lib STRATA_BIN=$st/bin STRATA_ROOT=$root
+export STRATA_FIXTURES=$root/devrun/fixtures STRATA_BACKEND=${STRATA_BACKEND:-cuda}
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>&1
+what=${1:-all}
 rc=0
-for w in $what; do
-    case $w in
-    tests)
-        for t in "$dir"/test_*; do
-            [ -x "$t" ] || continue
-            echo "== $t"
-            STRATA_FIXTURES=$dir/fixtures "$t" > "$out/$(basename "$t").tap" 2>&1
-            r=$?
-            grep -E '^not ok|^Bail|^# ' "$out/$(basename "$t").tap" | head -40
-            echo "$(grep -c '^ok' "$out/$(basename "$t").tap") ok, $(grep -c '^not ok' "$out/$(basename "$t").tap") not ok, exit $r"
-            [ $r = 0 ] || rc=1
-        done ;;
-    bench)
-        for b in "$dir"/bench_*; do
-            [ -x "$b" ] || continue
-            echo "== $b"
-            "$b" "$dir" > "$out/$(basename "$b").txt" 2>&1 || rc=1
-            tail -40 "$out/$(basename "$b").txt"
-        done ;;
-    golden)
-        [ -x "$dir/golden.sh" ] && { "$dir/golden.sh" "$dir" > "$out/golden.txt" 2>&1 || rc=1; tail -40 "$out/golden.txt"; } ;;
-    esac
-done
+tap() { # name command...
+    local n=$1
+    shift
+    local s=$SECONDS
+    "$@" > "$out/$n.tap" 2>&1
+    local r=$?
+    grep -E '^not ok|^Bail|^# ' "$out/$n.tap" | head -30
+    echo "== $n: $(grep -c '^ok' "$out/$n.tap") ok, $(grep -c '^not ok' "$out/$n.tap") not ok, exit $r, $((SECONDS - s)) s"
+    [ $r = 0 ] || rc=1
+}
+case " $* " in *" tests "*|" all ") tap kernels "$st/bin/test_kernels" ;; esac
+case " $* " in *" golden "*|" all ")
+    tap golden "$st/bin/test_golden"
+    for t in tests/gpu/t*.sh; do tap "$(basename "$t" .sh)" bash "$t"; done ;;
+esac
+case " $* " in *" bench "*|" all ")
+    shift_args=$(echo " $* " | sed 's/ tests / /; s/ golden / /; s/ bench / /; s/ all / /')
+    # shellcheck disable=SC2086
+    "$st/bin/bench_gpu" $shift_args 2>&1 | tee "$out/bench.txt" | tail -8 ;;
+esac
 exit $rc
