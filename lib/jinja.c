@@ -17,8 +17,8 @@
 
 #include <utf8proc.h>
 
-#define DEF_MAX_STEPS 50000000ull
-#define DEF_MAX_LOOP 10000000ull
+#define DEF_MAX_STEPS 20000000ull
+#define DEF_MAX_LOOP 5000000ull
 #define DEF_MAX_DEPTH 200
 #define DEF_MAX_OUTPUT (64u << 20)
 #define DEF_MAX_MEMORY (256u << 20)
@@ -2165,6 +2165,8 @@ static int write_val(struct ctx *c, const struct node *at, struct buf *b, const 
 {
     char tmp[64];
     int rc = 0;
+    if ((v->t == V_LIST || v->t == V_DICT || v->t == V_NS) && repr > c->lim.max_depth)
+        return rt_fail(c, at, STRATA_E_LIMIT, "value nested too deeply to print (a cycle?)");
     switch (v->t) {
     case V_UNDEF:
         return 0;
@@ -2185,7 +2187,7 @@ static int write_val(struct ctx *c, const struct node *at, struct buf *b, const 
             if (i)
                 rc = buf_add(c, at, b, ", ", 2);
             if (!rc)
-                rc = write_val(c, at, b, &v->u.l->v[i], 1);
+                rc = write_val(c, at, b, &v->u.l->v[i], repr + 1);
         }
         if (!rc && v->u.l->tuple && v->u.l->n == 1)
             rc = buf_addc(c, at, b, ',');
@@ -2200,11 +2202,11 @@ static int write_val(struct ctx *c, const struct node *at, struct buf *b, const 
             if (i)
                 rc = buf_add(c, at, b, ", ", 2);
             if (!rc)
-                rc = write_val(c, at, b, &v->u.d->k[i], 1);
+                rc = write_val(c, at, b, &v->u.d->k[i], repr + 1);
             if (!rc)
                 rc = buf_add(c, at, b, ": ", 2);
             if (!rc)
-                rc = write_val(c, at, b, &v->u.d->v[i], 1);
+                rc = write_val(c, at, b, &v->u.d->v[i], repr + 1);
         }
         if (!rc)
             rc = buf_addc(c, at, b, '}');

@@ -27,8 +27,8 @@ struct strata_jinja; /* a parsed template; immutable, may be rendered concurrent
 
 /* Bounds of one render.  A zero field means "use the default" (in brackets). */
 struct strata_jinja_limits {
-    uint64_t max_steps;      /* expression/statement evaluations [50,000,000] */
-    uint64_t max_loop_iters; /* iterations of all loops together [10,000,000] */
+    uint64_t max_steps;      /* expression/statement evaluations [20,000,000] */
+    uint64_t max_loop_iters; /* iterations of all loops together [5,000,000] */
     int max_depth;           /* nested macro calls + expression nesting [200] */
     size_t max_output;       /* bytes of rendered text [64 MiB] */
     size_t max_memory;       /* bytes of working memory (values, strings) [256 MiB] */

@@ -129,6 +129,8 @@ static void run_hostile(void)
         { "repeat overflow", "{{ 'ab' * 9223372036854775807 }}", STRATA_E_LIMIT, "exceeds" },
         { "memory growth", "{% set ns = namespace(l=[]) %}{% for i in range(1000000) %}"
           "{% set ns.l = ns.l + [i, i, i, i] %}{% endfor %}", STRATA_E_LIMIT, "memory" },
+        { "self-containing namespace", "{% set ns = namespace(a=1) %}{% set ns.self = ns %}{{ ns }}",
+          STRATA_E_LIMIT, "nested too deeply" },
         { "unterminated variable", "a\nb {{ x", STRATA_E_FORMAT, "line 2 column 3" },
         { "unterminated block", "{% if x", STRATA_E_FORMAT, "line 1 column 1" },
         { "unclosed if", "{% if x %}\nyes\n", STRATA_E_FORMAT, "expected 'endif'" },
