@@ -922,7 +922,13 @@ static cJSON *normalize_messages(const cJSON *msgs, struct field_err *fe)
             }
             cJSON_ReplaceItemInObjectCaseSensitive(nm, "content", cJSON_CreateString(joined));
             free(joined);
-        } else if (content && !cJSON_IsString(content) && !cJSON_IsNull(content)) {
+        } else if (!content || cJSON_IsNull(content)) {
+            /* an assistant turn with only tool calls: templates test `in content` */
+            if (content)
+                cJSON_ReplaceItemInObjectCaseSensitive(nm, "content", cJSON_CreateString(""));
+            else
+                cJSON_AddStringToObject(nm, "content", "");
+        } else if (!cJSON_IsString(content)) {
             snprintf(param, sizeof(param), "messages[%d].content", i);
             bad(fe, param, "'%s' must be a string or an array of content parts", param);
             goto fail;

@@ -65,7 +65,7 @@ let t = fs.readFileSync(0, "utf8"), o;
 try { o = JSON.parse(t); } catch (e) { process.stdout.write("<not json: " + t.slice(0, 200) + ">"); process.exit(0); }
 let r;
 try { r = eval(process.argv[1]); } catch (e) { r = "<" + e.message + ">"; }
-process.stdout.write(typeof r === "string" ? r : JSON.stringify(r));
+process.stdout.write(typeof r === "string" ? r : r === undefined ? "undefined" : JSON.stringify(r));
 ' "$1"
 }
 
