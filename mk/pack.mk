@@ -11,3 +11,9 @@ $(PACKTOOL_REL): tests/helpers/packtool.c $(B)/rel/libstrata.a | $(B)/rel/helper
 	$(CC) $(REL_CFLAGS) $< -o $@ $(B)/rel/libstrata.a $(LIBS)
 
 check: $(PACKTOOL)
+
+# make bench-pack: strata-prepare --repack of a synthetic 1 GiB GGUF against
+# the disk's sequential read speed (docs/performance.md, Packs).
+.PHONY: bench-pack
+bench-pack: $(PACKTOOL_REL) $(BINDIR)/strata-prepare
+	scripts/bench-pack.sh $(PACKTOOL_REL) $(BINDIR)/strata-prepare
