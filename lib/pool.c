@@ -15,6 +15,10 @@
 
 #define POOL_MAX_THREADS 512
 #define SPIN_BEFORE_SLEEP 20000 /* pause iterations, roughly 0.1-1 ms */
+/* Spinning only pays while every thread has a CPU: past this many pauses a
+ * waiting thread yields, so an oversubscribed machine (more threads than free
+ * cores) still hands each job over within a scheduler round, not a tick. */
+#define SPIN_BEFORE_YIELD 2000
 
 struct worker {
     struct strata_pool *pool;
@@ -54,7 +58,10 @@ static void *worker_main(void *arg)
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen &&
                !atomic_load_explicit(&p->stop, memory_order_acquire)) {
             if (++spins < SPIN_BEFORE_SLEEP) {
-                cpu_relax();
+                if (spins < SPIN_BEFORE_YIELD)
+                    cpu_relax();
+                else
+                    sched_yield();
                 continue;
             }
             pthread_mutex_lock(&p->mu);
@@ -160,7 +167,7 @@ void strata_pool_run(struct strata_pool *p, void (*fn)(void *ctx, int ith, int n
 
     int spins = 0;
     while (atomic_load_explicit(&p->done, memory_order_acquire) < p->n_threads - 1) {
-        if (++spins < SPIN_BEFORE_SLEEP)
+        if (++spins < SPIN_BEFORE_YIELD)
             cpu_relax();
         else
             sched_yield();
