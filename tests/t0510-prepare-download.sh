@@ -48,6 +48,14 @@ HF_ENDPOINT="http://127.0.0.1:$PORT" "$P" --out "$O" --name hf --repack $fast \
 check "hf: source resolves to OWNER/REPO/resolve/main/PATH: exit 0" test $rc -eq 0
 check "server saw the resolve URL" grep -q '^GET /sub/tc.gguf' "$T/log"
 check "hf pack verifies" "$P" --verify "$O/hf.strata"
+check "no token sent without HF_TOKEN" sh -c "! grep -q 'auth=' '$T/log'"
+HF_TOKEN=hf_secret HF_ENDPOINT="http://127.0.0.1:$PORT" "$P" --out "$O" --name tok $fast \
+    hf:someone/tiny-GGUF/sub/tc.gguf >/dev/null 2>&1; rc=$?
+check "HF_TOKEN sent as a bearer token to the Hub" \
+    sh -c "test $rc -eq 0 && grep -q '^GET /sub/tc.gguf - auth=Bearer hf_secret$' '$T/log'"
+HF_TOKEN=hf_secret "$P" --out "$O" --name tok2 $fast "http://127.0.0.1:$PORT/sub/tc.gguf" \
+    >/dev/null 2>&1
+check "HF_TOKEN not sent to other hosts" sh -c "! tail -n 1 '$T/log' | grep -q auth="
 HF_ENDPOINT="http://127.0.0.1:$PORT" "$P" --out "$O" --name hfbad hf:someone/tc.gguf \
     >/dev/null 2>"$T/e2b"; rc=$?
 check "malformed hf: source: exit 2" sh -c "test $rc -eq 2 && grep -q 'expected hf:OWNER/REPO/PATH' '$T/e2b'"
@@ -94,6 +102,15 @@ check "wrong --sha256: exit 3" sh -c "test $rc -eq 3 && grep -q 'does not match 
 "$P" --out "$O" --name us --sha256 "$SHA" $fast "http://127.0.0.1:$PORT/sub/tc.gguf" \
     >/dev/null 2>&1; rc=$?
 check "right --sha256: exit 0" test $rc -eq 0
+
+# --- a full disk while downloading ----------------------------------------------------
+STRATA_FAULT_ENOSPC_AT=1000000 "$P" --out "$O" --name fd $fast "http://127.0.0.1:$PORT/sub/tc.gguf" \
+    >/dev/null 2>"$T/e7b"; rc=$?
+check "full disk while downloading: exit 1" test $rc -eq 1
+check "full disk while downloading: message names the file" \
+    grep -q "tc.gguf.part': No space left on device" "$T/e7b"
+check "full disk while downloading: no pack" \
+    sh -c "test ! -e '$O/fd.strata' && test ! -e '$O/fd.strata.partial/pack.json'"
 
 # --- 404 ----------------------------------------------------------------------------------
 serve

@@ -219,6 +219,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!head && strcmp(method, "GET"))
         return reply_text(c, 405, "method not allowed\n");
     const char *range = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Range");
+    const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     const char *rel = url;
     const char *rs = strstr(url, "/resolve/");
     if (rs) { /* OWNER/REPO/resolve/REV/PATH */
@@ -231,7 +232,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     const char *fault = NULL;
     pthread_mutex_lock(&S.mu);
     if (S.log) {
-        fprintf(S.log, "%s /%s %s\n", method, rel, range ? range : "-");
+        fprintf(S.log, "%s /%s %s%s%s\n", method, rel, range ? range : "-",
+                auth ? " auth=" : "", auth ? auth : "");
         fflush(S.log);
     }
     if (S.fault && !head && S.fault_count != 0) {
