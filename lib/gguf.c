@@ -190,8 +190,8 @@ struct cur {
     struct strata_err *err;
 };
 
-__attribute__((format(printf, 3, 4)))
-static int fail(const struct cur *c, int code, const char *fmt, ...)
+__attribute__((format(printf, 3, 4))) static int fail(const struct cur *c, int code,
+                                                      const char *fmt, ...)
 {
     char msg[STRATA_ERR_MSG_MAX];
     va_list ap;
@@ -282,14 +282,14 @@ static uint64_t vtype_size(uint32_t t)
 const char *strata_gguf_vtype_name(uint32_t type)
 {
     static const char *const names[STRATA_GGUF_VTYPE_COUNT] = {
-        "u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array",
-        "u64", "i64", "f64",
+        "u8",   "i8",     "u16",   "i16", "u32", "i32", "f32",
+        "bool", "string", "array", "u64", "i64", "f64",
     };
     return type < STRATA_GGUF_VTYPE_COUNT ? names[type] : "unknown";
 }
 
-static int parse_arr(struct cur *c, struct arena *a, const char *key,
-                     struct strata_gguf_arr *out, int depth)
+static int parse_arr(struct cur *c, struct arena *a, const char *key, struct strata_gguf_arr *out,
+                     int depth)
 {
     uint32_t t;
     uint64_t n;
@@ -365,20 +365,63 @@ static int parse_value(struct cur *c, struct arena *a, struct strata_gguf_kv *kv
         c->pos += esz;
     }
     switch (kv->type) {
-    case STRATA_GGUF_UINT8: kv->v.u = p[0]; return 0;
-    case STRATA_GGUF_INT8: kv->v.i = (int8_t)p[0]; return 0;
-    case STRATA_GGUF_UINT16: { uint16_t x; memcpy(&x, p, 2); kv->v.u = x; return 0; }
-    case STRATA_GGUF_INT16: { int16_t x; memcpy(&x, p, 2); kv->v.i = x; return 0; }
-    case STRATA_GGUF_UINT32: { uint32_t x; memcpy(&x, p, 4); kv->v.u = x; return 0; }
-    case STRATA_GGUF_INT32: { int32_t x; memcpy(&x, p, 4); kv->v.i = x; return 0; }
-    case STRATA_GGUF_UINT64: { uint64_t x; memcpy(&x, p, 8); kv->v.u = x; return 0; }
-    case STRATA_GGUF_INT64: { int64_t x; memcpy(&x, p, 8); kv->v.i = x; return 0; }
-    case STRATA_GGUF_FLOAT32: { float x; memcpy(&x, p, 4); kv->v.f = x; return 0; }
-    case STRATA_GGUF_FLOAT64: { double x; memcpy(&x, p, 8); kv->v.f = x; return 0; }
+    case STRATA_GGUF_UINT8:
+        kv->v.u = p[0];
+        return 0;
+    case STRATA_GGUF_INT8:
+        kv->v.i = (int8_t)p[0];
+        return 0;
+    case STRATA_GGUF_UINT16: {
+        uint16_t x;
+        memcpy(&x, p, 2);
+        kv->v.u = x;
+        return 0;
+    }
+    case STRATA_GGUF_INT16: {
+        int16_t x;
+        memcpy(&x, p, 2);
+        kv->v.i = x;
+        return 0;
+    }
+    case STRATA_GGUF_UINT32: {
+        uint32_t x;
+        memcpy(&x, p, 4);
+        kv->v.u = x;
+        return 0;
+    }
+    case STRATA_GGUF_INT32: {
+        int32_t x;
+        memcpy(&x, p, 4);
+        kv->v.i = x;
+        return 0;
+    }
+    case STRATA_GGUF_UINT64: {
+        uint64_t x;
+        memcpy(&x, p, 8);
+        kv->v.u = x;
+        return 0;
+    }
+    case STRATA_GGUF_INT64: {
+        int64_t x;
+        memcpy(&x, p, 8);
+        kv->v.i = x;
+        return 0;
+    }
+    case STRATA_GGUF_FLOAT32: {
+        float x;
+        memcpy(&x, p, 4);
+        kv->v.f = x;
+        return 0;
+    }
+    case STRATA_GGUF_FLOAT64: {
+        double x;
+        memcpy(&x, p, 8);
+        kv->v.f = x;
+        return 0;
+    }
     case STRATA_GGUF_BOOL:
         if (p[0] > 1)
-            return fail(c, STRATA_E_FORMAT, "key '%s': bool value %u is not 0 or 1", kv->key,
-                        p[0]);
+            return fail(c, STRATA_E_FORMAT, "key '%s': bool value %u is not 0 or 1", kv->key, p[0]);
         kv->v.b = p[0];
         return 0;
     case STRATA_GGUF_STRING:
@@ -386,8 +429,8 @@ static int parse_value(struct cur *c, struct arena *a, struct strata_gguf_kv *kv
     case STRATA_GGUF_ARRAY:
         return parse_arr(c, a, kv->key, &kv->v.arr, 0);
     default:
-        return fail(c, STRATA_E_FORMAT, "key '%s': value type %u is not a gguf value type",
-                    kv->key, kv->type);
+        return fail(c, STRATA_E_FORMAT, "key '%s': value type %u is not a gguf value type", kv->key,
+                    kv->type);
     }
 }
 
@@ -419,11 +462,15 @@ static int read_alignment(struct cur *c, struct gfile *f)
     const struct strata_gguf_kv *kv = &f->kvs[i];
     uint64_t v;
     switch (kv->type) {
-    case STRATA_GGUF_UINT8: case STRATA_GGUF_UINT16: case STRATA_GGUF_UINT32:
+    case STRATA_GGUF_UINT8:
+    case STRATA_GGUF_UINT16:
+    case STRATA_GGUF_UINT32:
     case STRATA_GGUF_UINT64:
         v = kv->v.u;
         break;
-    case STRATA_GGUF_INT8: case STRATA_GGUF_INT16: case STRATA_GGUF_INT32:
+    case STRATA_GGUF_INT8:
+    case STRATA_GGUF_INT16:
+    case STRATA_GGUF_INT32:
     case STRATA_GGUF_INT64:
         if (kv->v.i < 0)
             return fail(c, STRATA_E_FORMAT, "general.alignment %lld is negative",
@@ -512,8 +559,8 @@ static int parse_tensor_info(struct cur *c, struct arena *a, uint64_t i,
     t->n_bytes = bytes;
     return 0;
 overflow:
-    return fail(c, STRATA_E_FORMAT, "tensor '%s': byte size of %llu %s elements overflows",
-                t->name, (unsigned long long)n, strata_ggml_type_name(t->type));
+    return fail(c, STRATA_E_FORMAT, "tensor '%s': byte size of %llu %s elements overflows", t->name,
+                (unsigned long long)n, strata_ggml_type_name(t->type));
 }
 
 struct span {
@@ -757,11 +804,15 @@ static int shard_int(const struct gfile *f, const char *key, int64_t *out)
         return 0;
     const struct strata_gguf_kv *kv = &f->kvs[i];
     switch (kv->type) {
-    case STRATA_GGUF_UINT8: case STRATA_GGUF_UINT16: case STRATA_GGUF_UINT32:
+    case STRATA_GGUF_UINT8:
+    case STRATA_GGUF_UINT16:
+    case STRATA_GGUF_UINT32:
     case STRATA_GGUF_UINT64:
         *out = kv->v.u > (uint64_t)INT64_MAX ? INT64_MAX : (int64_t)kv->v.u;
         return 1;
-    case STRATA_GGUF_INT8: case STRATA_GGUF_INT16: case STRATA_GGUF_INT32:
+    case STRATA_GGUF_INT8:
+    case STRATA_GGUF_INT16:
+    case STRATA_GGUF_INT32:
     case STRATA_GGUF_INT64:
         *out = kv->v.i;
         return 1;
@@ -968,8 +1019,8 @@ out:
     return rc;
 }
 
-int strata_gguf_open_mem(struct strata_gguf **out, const void *buf, size_t size,
-                         const char *name, struct strata_err *err)
+int strata_gguf_open_mem(struct strata_gguf **out, const void *buf, size_t size, const char *name,
+                         struct strata_err *err)
 {
     struct strata_gguf *g = NULL;
     int rc;
@@ -977,8 +1028,7 @@ int strata_gguf_open_mem(struct strata_gguf **out, const void *buf, size_t size,
     if ((rc = new_handle(&g, err)))
         return rc;
     struct gfile *f = &g->shards[0];
-    f->path = arena_strndup(&g->arena, name ? name : "(memory)",
-                            strlen(name ? name : "(memory)"));
+    f->path = arena_strndup(&g->arena, name ? name : "(memory)", strlen(name ? name : "(memory)"));
     f->base = buf;
     f->size = size;
     if (!f->path)
@@ -1082,8 +1132,8 @@ const struct strata_gguf_tensor *strata_gguf_find_tensor(const struct strata_ggu
 
 /* ---- typed getters -------------------------------------------------- */
 
-static int lookup(const struct strata_gguf *g, const char *key,
-                  const struct strata_gguf_kv **kv, struct strata_err *err)
+static int lookup(const struct strata_gguf *g, const char *key, const struct strata_gguf_kv **kv,
+                  struct strata_err *err)
 {
     *kv = strata_gguf_find_kv(g, key);
     if (!*kv)
@@ -1092,13 +1142,12 @@ static int lookup(const struct strata_gguf *g, const char *key,
     return 0;
 }
 
-static int mismatch(const struct strata_gguf *g, const struct strata_gguf_kv *kv,
-                    const char *want, struct strata_err *err)
+static int mismatch(const struct strata_gguf *g, const struct strata_gguf_kv *kv, const char *want,
+                    struct strata_err *err)
 {
     const char *tn = strata_gguf_vtype_name(kv->type);
-    return strata_err_set(err, STRATA_E_FORMAT, "key '%s' is %s %s, expected %s (in '%s')",
-                          kv->key, strchr("aif", tn[0]) ? "an" : "a", tn, want,
-                          g->shards[0].path);
+    return strata_err_set(err, STRATA_E_FORMAT, "key '%s' is %s %s, expected %s (in '%s')", kv->key,
+                          strchr("aif", tn[0]) ? "an" : "a", tn, want, g->shards[0].path);
 }
 
 static int is_uint(uint32_t t)
@@ -1234,8 +1283,8 @@ int strata_gguf_get_arr(const struct strata_gguf *g, const char *key, int want_t
     }
     if (want_type >= 0 && kv->v.arr.type != (uint32_t)want_type)
         return strata_err_set(err, STRATA_E_FORMAT,
-                              "key '%s' is an array of %s, expected an array of %s (in '%s')",
-                              key, strata_gguf_vtype_name(kv->v.arr.type),
+                              "key '%s' is an array of %s, expected an array of %s (in '%s')", key,
+                              strata_gguf_vtype_name(kv->v.arr.type),
                               strata_gguf_vtype_name((uint32_t)want_type), g->shards[0].path);
     *out = &kv->v.arr;
     return 0;
@@ -1258,14 +1307,23 @@ double strata_gguf_arr_f64(const struct strata_gguf_arr *a, uint64_t i)
     if (!a || i >= a->n)
         return 0;
     switch (a->type) {
-    case STRATA_GGUF_FLOAT32: { float x; memcpy(&x, (const char *)a->data + i * 4, 4); return x; }
-    case STRATA_GGUF_FLOAT64: { double x; memcpy(&x, (const char *)a->data + i * 8, 8); return x; }
+    case STRATA_GGUF_FLOAT32: {
+        float x;
+        memcpy(&x, (const char *)a->data + i * 4, 4);
+        return x;
+    }
+    case STRATA_GGUF_FLOAT64: {
+        double x;
+        memcpy(&x, (const char *)a->data + i * 8, 8);
+        return x;
+    }
     case STRATA_GGUF_UINT64: {
         uint64_t x;
         memcpy(&x, (const char *)a->data + i * 8, 8);
         return (double)x;
     }
-    default: return (double)strata_gguf_arr_i64(a, i);
+    default:
+        return (double)strata_gguf_arr_i64(a, i);
     }
 }
 
@@ -1275,16 +1333,52 @@ int64_t strata_gguf_arr_i64(const struct strata_gguf_arr *a, uint64_t i)
         return 0;
     const char *p = a->data;
     switch (a->type) {
-    case STRATA_GGUF_UINT8: case STRATA_GGUF_BOOL: return (uint8_t)p[i];
-    case STRATA_GGUF_INT8: return (int8_t)p[i];
-    case STRATA_GGUF_UINT16: { uint16_t x; memcpy(&x, p + i * 2, 2); return x; }
-    case STRATA_GGUF_INT16: { int16_t x; memcpy(&x, p + i * 2, 2); return x; }
-    case STRATA_GGUF_UINT32: { uint32_t x; memcpy(&x, p + i * 4, 4); return x; }
-    case STRATA_GGUF_INT32: { int32_t x; memcpy(&x, p + i * 4, 4); return x; }
-    case STRATA_GGUF_UINT64: { uint64_t x; memcpy(&x, p + i * 8, 8); return (int64_t)x; }
-    case STRATA_GGUF_INT64: { int64_t x; memcpy(&x, p + i * 8, 8); return x; }
-    case STRATA_GGUF_FLOAT32: { float x; memcpy(&x, p + i * 4, 4); return f2i(x); }
-    case STRATA_GGUF_FLOAT64: { double x; memcpy(&x, p + i * 8, 8); return f2i(x); }
-    default: return 0;
+    case STRATA_GGUF_UINT8:
+    case STRATA_GGUF_BOOL:
+        return (uint8_t)p[i];
+    case STRATA_GGUF_INT8:
+        return (int8_t)p[i];
+    case STRATA_GGUF_UINT16: {
+        uint16_t x;
+        memcpy(&x, p + i * 2, 2);
+        return x;
+    }
+    case STRATA_GGUF_INT16: {
+        int16_t x;
+        memcpy(&x, p + i * 2, 2);
+        return x;
+    }
+    case STRATA_GGUF_UINT32: {
+        uint32_t x;
+        memcpy(&x, p + i * 4, 4);
+        return x;
+    }
+    case STRATA_GGUF_INT32: {
+        int32_t x;
+        memcpy(&x, p + i * 4, 4);
+        return x;
+    }
+    case STRATA_GGUF_UINT64: {
+        uint64_t x;
+        memcpy(&x, p + i * 8, 8);
+        return (int64_t)x;
+    }
+    case STRATA_GGUF_INT64: {
+        int64_t x;
+        memcpy(&x, p + i * 8, 8);
+        return x;
+    }
+    case STRATA_GGUF_FLOAT32: {
+        float x;
+        memcpy(&x, p + i * 4, 4);
+        return f2i(x);
+    }
+    case STRATA_GGUF_FLOAT64: {
+        double x;
+        memcpy(&x, p + i * 8, 8);
+        return f2i(x);
+    }
+    default:
+        return 0;
     }
 }

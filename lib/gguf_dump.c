@@ -16,11 +16,21 @@ static void put_str(FILE *f, const char *s, uint64_t len, uint64_t max)
     for (uint64_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         switch (c) {
-        case '\n': fputs("\\n", f); break;
-        case '\t': fputs("\\t", f); break;
-        case '\r': fputs("\\r", f); break;
-        case '\\': fputs("\\\\", f); break;
-        case '\'': fputs("\\'", f); break;
+        case '\n':
+            fputs("\\n", f);
+            break;
+        case '\t':
+            fputs("\\t", f);
+            break;
+        case '\r':
+            fputs("\\r", f);
+            break;
+        case '\\':
+            fputs("\\\\", f);
+            break;
+        case '\'':
+            fputs("\\'", f);
+            break;
         default:
             if (c < 0x20 || c == 0x7f)
                 fprintf(f, "\\x%02x", c);
@@ -54,22 +64,32 @@ static void put_elem(FILE *f, const struct strata_gguf_arr *a, uint64_t i,
                      const struct strata_gguf_dump_opts *o)
 {
     switch (a->type) {
-    case STRATA_GGUF_STRING: put_str(f, a->strs[i].ptr, a->strs[i].len, o->max_str_bytes); break;
+    case STRATA_GGUF_STRING:
+        put_str(f, a->strs[i].ptr, a->strs[i].len, o->max_str_bytes);
+        break;
     case STRATA_GGUF_ARRAY:
         fprintf(f, "array[%s; %" PRIu64 "] ", strata_gguf_vtype_name(a->arrs[i].type),
                 a->arrs[i].n);
         put_arr(f, &a->arrs[i], o);
         break;
-    case STRATA_GGUF_BOOL: fputs(strata_gguf_arr_i64(a, i) ? "true" : "false", f); break;
-    case STRATA_GGUF_FLOAT32: fprintf(f, "%.9g", strata_gguf_arr_f64(a, i)); break;
-    case STRATA_GGUF_FLOAT64: fprintf(f, "%.17g", strata_gguf_arr_f64(a, i)); break;
+    case STRATA_GGUF_BOOL:
+        fputs(strata_gguf_arr_i64(a, i) ? "true" : "false", f);
+        break;
+    case STRATA_GGUF_FLOAT32:
+        fprintf(f, "%.9g", strata_gguf_arr_f64(a, i));
+        break;
+    case STRATA_GGUF_FLOAT64:
+        fprintf(f, "%.17g", strata_gguf_arr_f64(a, i));
+        break;
     case STRATA_GGUF_UINT64: {
         uint64_t v;
         memcpy(&v, (const char *)a->data + i * 8, 8);
         fprintf(f, "%" PRIu64, v);
         break;
     }
-    default: fprintf(f, "%" PRId64, strata_gguf_arr_i64(a, i)); break;
+    default:
+        fprintf(f, "%" PRId64, strata_gguf_arr_i64(a, i));
+        break;
     }
 }
 
@@ -77,20 +97,36 @@ static void put_value(FILE *f, const struct strata_gguf_kv *kv,
                       const struct strata_gguf_dump_opts *o)
 {
     switch (kv->type) {
-    case STRATA_GGUF_UINT8: case STRATA_GGUF_UINT16: case STRATA_GGUF_UINT32:
+    case STRATA_GGUF_UINT8:
+    case STRATA_GGUF_UINT16:
+    case STRATA_GGUF_UINT32:
     case STRATA_GGUF_UINT64:
         fprintf(f, "%" PRIu64, kv->v.u);
         break;
-    case STRATA_GGUF_INT8: case STRATA_GGUF_INT16: case STRATA_GGUF_INT32:
+    case STRATA_GGUF_INT8:
+    case STRATA_GGUF_INT16:
+    case STRATA_GGUF_INT32:
     case STRATA_GGUF_INT64:
         fprintf(f, "%" PRId64, kv->v.i);
         break;
-    case STRATA_GGUF_FLOAT32: fprintf(f, "%.9g", kv->v.f); break;
-    case STRATA_GGUF_FLOAT64: fprintf(f, "%.17g", kv->v.f); break;
-    case STRATA_GGUF_BOOL: fputs(kv->v.b ? "true" : "false", f); break;
-    case STRATA_GGUF_STRING: put_str(f, kv->v.str.ptr, kv->v.str.len, o->max_str_bytes); break;
-    case STRATA_GGUF_ARRAY: put_arr(f, &kv->v.arr, o); break;
-    default: fputs("?", f); break;
+    case STRATA_GGUF_FLOAT32:
+        fprintf(f, "%.9g", kv->v.f);
+        break;
+    case STRATA_GGUF_FLOAT64:
+        fprintf(f, "%.17g", kv->v.f);
+        break;
+    case STRATA_GGUF_BOOL:
+        fputs(kv->v.b ? "true" : "false", f);
+        break;
+    case STRATA_GGUF_STRING:
+        put_str(f, kv->v.str.ptr, kv->v.str.len, o->max_str_bytes);
+        break;
+    case STRATA_GGUF_ARRAY:
+        put_arr(f, &kv->v.arr, o);
+        break;
+    default:
+        fputs("?", f);
+        break;
     }
 }
 
@@ -223,17 +259,22 @@ static cJSON *json_elem(const struct strata_gguf_arr *a, uint64_t i,
                         const struct strata_gguf_dump_opts *o)
 {
     switch (a->type) {
-    case STRATA_GGUF_STRING: return json_str(a->strs[i].ptr, a->strs[i].len);
-    case STRATA_GGUF_ARRAY: return json_arr(&a->arrs[i], o);
-    case STRATA_GGUF_BOOL: return cJSON_CreateBool(strata_gguf_arr_i64(a, i) != 0);
+    case STRATA_GGUF_STRING:
+        return json_str(a->strs[i].ptr, a->strs[i].len);
+    case STRATA_GGUF_ARRAY:
+        return json_arr(&a->arrs[i], o);
+    case STRATA_GGUF_BOOL:
+        return cJSON_CreateBool(strata_gguf_arr_i64(a, i) != 0);
     case STRATA_GGUF_FLOAT32:
-    case STRATA_GGUF_FLOAT64: return cJSON_CreateNumber(strata_gguf_arr_f64(a, i));
+    case STRATA_GGUF_FLOAT64:
+        return cJSON_CreateNumber(strata_gguf_arr_f64(a, i));
     case STRATA_GGUF_UINT64: {
         uint64_t v;
         memcpy(&v, (const char *)a->data + i * 8, 8);
         return json_u64(v);
     }
-    default: return json_i64(strata_gguf_arr_i64(a, i));
+    default:
+        return json_i64(strata_gguf_arr_i64(a, i));
     }
 }
 
@@ -275,17 +316,28 @@ static cJSON *json_kv(const struct strata_gguf_kv *kv, const struct strata_gguf_
     cJSON_AddItemToObject(j, "key", cJSON_CreateString(kv->key));
     cJSON_AddItemToObject(j, "type", cJSON_CreateString(strata_gguf_vtype_name(kv->type)));
     switch (kv->type) {
-    case STRATA_GGUF_UINT8: case STRATA_GGUF_UINT16: case STRATA_GGUF_UINT32:
+    case STRATA_GGUF_UINT8:
+    case STRATA_GGUF_UINT16:
+    case STRATA_GGUF_UINT32:
     case STRATA_GGUF_UINT64:
         v = json_u64(kv->v.u);
         break;
-    case STRATA_GGUF_INT8: case STRATA_GGUF_INT16: case STRATA_GGUF_INT32:
+    case STRATA_GGUF_INT8:
+    case STRATA_GGUF_INT16:
+    case STRATA_GGUF_INT32:
     case STRATA_GGUF_INT64:
         v = json_i64(kv->v.i);
         break;
-    case STRATA_GGUF_FLOAT32: case STRATA_GGUF_FLOAT64: v = cJSON_CreateNumber(kv->v.f); break;
-    case STRATA_GGUF_BOOL: v = cJSON_CreateBool(kv->v.b); break;
-    case STRATA_GGUF_STRING: v = json_str(kv->v.str.ptr, kv->v.str.len); break;
+    case STRATA_GGUF_FLOAT32:
+    case STRATA_GGUF_FLOAT64:
+        v = cJSON_CreateNumber(kv->v.f);
+        break;
+    case STRATA_GGUF_BOOL:
+        v = cJSON_CreateBool(kv->v.b);
+        break;
+    case STRATA_GGUF_STRING:
+        v = json_str(kv->v.str.ptr, kv->v.str.len);
+        break;
     case STRATA_GGUF_ARRAY:
         if (json_arr_fields(j, &kv->v.arr, o) != 0) {
             cJSON_Delete(j);
@@ -309,8 +361,8 @@ int strata_gguf_dump_json(const struct strata_gguf *g, const struct strata_gguf_
     *out = NULL;
     if (!root)
         goto nomem;
-    cJSON_AddItemToObject(root, "file", json_str(strata_gguf_shard_path(g, 0),
-                                                 strlen(strata_gguf_shard_path(g, 0))));
+    cJSON_AddItemToObject(
+        root, "file", json_str(strata_gguf_shard_path(g, 0), strlen(strata_gguf_shard_path(g, 0))));
     cJSON_AddItemToObject(root, "version", json_u64(strata_gguf_version(g)));
     cJSON_AddItemToObject(root, "alignment", json_u64(strata_gguf_alignment(g)));
     if (!(shards = cJSON_AddArrayToObject(root, "shards")))

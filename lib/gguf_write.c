@@ -24,10 +24,10 @@ struct buf {
 
 struct strata_gguf_writer {
     uint32_t version, alignment;
-    struct buf meta;      /* encoded key/values */
-    char **keys;          /* added keys, for duplicate checks */
+    struct buf meta; /* encoded key/values */
+    char **keys;     /* added keys, for duplicate checks */
     uint64_t n_kv, cap_kv;
-    size_t align_pos;     /* offset in meta of general.alignment's value; 0 = absent */
+    size_t align_pos; /* offset in meta of general.alignment's value; 0 = absent */
     struct wtensor *tensors;
     uint64_t n_tensors, cap_tensors;
 };
@@ -186,11 +186,11 @@ int strata_gguf_writer_set_alignment(struct strata_gguf_writer *w, uint32_t alig
     return rc;
 }
 
-#define ADD_SCALAR(suffix, ctype, vtype)                                                      \
-    int strata_gguf_writer_add_##suffix(struct strata_gguf_writer *w, const char *key,       \
-                                        ctype v, struct strata_err *err)                     \
-    {                                                                                         \
-        return add_fixed(w, key, vtype, &v, sizeof(v), err);                                  \
+#define ADD_SCALAR(suffix, ctype, vtype)                                                           \
+    int strata_gguf_writer_add_##suffix(struct strata_gguf_writer *w, const char *key, ctype v,    \
+                                        struct strata_err *err)                                    \
+    {                                                                                              \
+        return add_fixed(w, key, vtype, &v, sizeof(v), err);                                       \
     }
 
 ADD_SCALAR(u8, uint8_t, STRATA_GGUF_UINT8)
@@ -237,11 +237,23 @@ int strata_gguf_writer_add_str(struct strata_gguf_writer *w, const char *key, co
 static uint64_t elem_size(uint32_t t)
 {
     switch (t) {
-    case STRATA_GGUF_UINT8: case STRATA_GGUF_INT8: case STRATA_GGUF_BOOL: return 1;
-    case STRATA_GGUF_UINT16: case STRATA_GGUF_INT16: return 2;
-    case STRATA_GGUF_UINT32: case STRATA_GGUF_INT32: case STRATA_GGUF_FLOAT32: return 4;
-    case STRATA_GGUF_UINT64: case STRATA_GGUF_INT64: case STRATA_GGUF_FLOAT64: return 8;
-    default: return 0;
+    case STRATA_GGUF_UINT8:
+    case STRATA_GGUF_INT8:
+    case STRATA_GGUF_BOOL:
+        return 1;
+    case STRATA_GGUF_UINT16:
+    case STRATA_GGUF_INT16:
+        return 2;
+    case STRATA_GGUF_UINT32:
+    case STRATA_GGUF_INT32:
+    case STRATA_GGUF_FLOAT32:
+        return 4;
+    case STRATA_GGUF_UINT64:
+    case STRATA_GGUF_INT64:
+    case STRATA_GGUF_FLOAT64:
+        return 8;
+    default:
+        return 0;
     }
 }
 
@@ -325,20 +337,32 @@ int strata_gguf_writer_add_kv(struct strata_gguf_writer *w, const struct strata_
                               struct strata_err *err)
 {
     switch (kv->type) {
-    case STRATA_GGUF_UINT8: return strata_gguf_writer_add_u8(w, kv->key, (uint8_t)kv->v.u, err);
-    case STRATA_GGUF_INT8: return strata_gguf_writer_add_i8(w, kv->key, (int8_t)kv->v.i, err);
-    case STRATA_GGUF_UINT16: return strata_gguf_writer_add_u16(w, kv->key, (uint16_t)kv->v.u, err);
-    case STRATA_GGUF_INT16: return strata_gguf_writer_add_i16(w, kv->key, (int16_t)kv->v.i, err);
-    case STRATA_GGUF_UINT32: return strata_gguf_writer_add_u32(w, kv->key, (uint32_t)kv->v.u, err);
-    case STRATA_GGUF_INT32: return strata_gguf_writer_add_i32(w, kv->key, (int32_t)kv->v.i, err);
-    case STRATA_GGUF_UINT64: return strata_gguf_writer_add_u64(w, kv->key, kv->v.u, err);
-    case STRATA_GGUF_INT64: return strata_gguf_writer_add_i64(w, kv->key, kv->v.i, err);
-    case STRATA_GGUF_FLOAT32: return strata_gguf_writer_add_f32(w, kv->key, (float)kv->v.f, err);
-    case STRATA_GGUF_FLOAT64: return strata_gguf_writer_add_f64(w, kv->key, kv->v.f, err);
-    case STRATA_GGUF_BOOL: return strata_gguf_writer_add_bool(w, kv->key, kv->v.b, err);
+    case STRATA_GGUF_UINT8:
+        return strata_gguf_writer_add_u8(w, kv->key, (uint8_t)kv->v.u, err);
+    case STRATA_GGUF_INT8:
+        return strata_gguf_writer_add_i8(w, kv->key, (int8_t)kv->v.i, err);
+    case STRATA_GGUF_UINT16:
+        return strata_gguf_writer_add_u16(w, kv->key, (uint16_t)kv->v.u, err);
+    case STRATA_GGUF_INT16:
+        return strata_gguf_writer_add_i16(w, kv->key, (int16_t)kv->v.i, err);
+    case STRATA_GGUF_UINT32:
+        return strata_gguf_writer_add_u32(w, kv->key, (uint32_t)kv->v.u, err);
+    case STRATA_GGUF_INT32:
+        return strata_gguf_writer_add_i32(w, kv->key, (int32_t)kv->v.i, err);
+    case STRATA_GGUF_UINT64:
+        return strata_gguf_writer_add_u64(w, kv->key, kv->v.u, err);
+    case STRATA_GGUF_INT64:
+        return strata_gguf_writer_add_i64(w, kv->key, kv->v.i, err);
+    case STRATA_GGUF_FLOAT32:
+        return strata_gguf_writer_add_f32(w, kv->key, (float)kv->v.f, err);
+    case STRATA_GGUF_FLOAT64:
+        return strata_gguf_writer_add_f64(w, kv->key, kv->v.f, err);
+    case STRATA_GGUF_BOOL:
+        return strata_gguf_writer_add_bool(w, kv->key, kv->v.b, err);
     case STRATA_GGUF_STRING:
         return strata_gguf_writer_add_strn(w, kv->key, kv->v.str.ptr, kv->v.str.len, err);
-    case STRATA_GGUF_ARRAY: return strata_gguf_writer_add_arr_value(w, kv->key, &kv->v.arr, err);
+    case STRATA_GGUF_ARRAY:
+        return strata_gguf_writer_add_arr_value(w, kv->key, &kv->v.arr, err);
     default:
         return strata_err_set(err, STRATA_E_INVALID, "gguf writer: key '%s': value type %u unknown",
                               kv->key, kv->type);

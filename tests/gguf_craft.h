@@ -33,9 +33,18 @@ static inline void cr_put(struct craft *b, const void *p, size_t n)
     b->len += n;
 }
 
-static inline void cr_u8(struct craft *b, uint8_t v) { cr_put(b, &v, 1); }
-static inline void cr_u32(struct craft *b, uint32_t v) { cr_put(b, &v, 4); }
-static inline void cr_u64(struct craft *b, uint64_t v) { cr_put(b, &v, 8); }
+static inline void cr_u8(struct craft *b, uint8_t v)
+{
+    cr_put(b, &v, 1);
+}
+static inline void cr_u32(struct craft *b, uint32_t v)
+{
+    cr_put(b, &v, 4);
+}
+static inline void cr_u64(struct craft *b, uint64_t v)
+{
+    cr_put(b, &v, 8);
+}
 
 /* gguf_string: u64 length then the bytes (no NUL). */
 static inline void cr_str(struct craft *b, const char *s)
@@ -73,8 +82,8 @@ static inline void cr_kv_str(struct craft *b, const char *key, const char *v)
 }
 
 /* Tensor info: name, n_dims, ne[n_dims], type, offset in the data section. */
-static inline void cr_tensor(struct craft *b, const char *name, uint32_t n_dims,
-                             const uint64_t *ne, uint32_t type, uint64_t offset)
+static inline void cr_tensor(struct craft *b, const char *name, uint32_t n_dims, const uint64_t *ne,
+                             uint32_t type, uint64_t offset)
 {
     cr_str(b, name);
     cr_u32(b, n_dims);

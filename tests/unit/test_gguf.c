@@ -54,9 +54,9 @@ static void check_layout(const char *path, const struct strata_gguf *g, uint64_t
         const struct strata_gguf_tensor *t = strata_gguf_tensor_at(g, i);
         uint64_t rs = strata_ggml_row_size(t->type, t->ne[0]);
         if (t->n_bytes != rs * t->ne[1] * t->ne[2] * t->ne[3] ||
-            t->n_elements != t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3] ||
-            t->offset % al || (const uint8_t *)t->data != base + t->offset ||
-            t->offset + t->n_bytes > size || strata_gguf_find_tensor(g, t->name) != t) {
+            t->n_elements != t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3] || t->offset % al ||
+            (const uint8_t *)t->data != base + t->offset || t->offset + t->n_bytes > size ||
+            strata_gguf_find_tensor(g, t->name) != t) {
             if (!bad++)
                 diag("%s: tensor '%s' is inconsistent", path, t->name);
         }
@@ -173,9 +173,12 @@ static void test_tinycoder(void)
         const char *key;
         uint32_t want;
     } keys[] = {
-        {"qwen3moe.expert_count", 16},     {"qwen3moe.expert_used_count", 4},
-        {"qwen3moe.block_count", 4},       {"qwen3moe.embedding_length", 256},
-        {"qwen3moe.attention.head_count", 8}, {"qwen3moe.attention.head_count_kv", 2},
+        {"qwen3moe.expert_count", 16},
+        {"qwen3moe.expert_used_count", 4},
+        {"qwen3moe.block_count", 4},
+        {"qwen3moe.embedding_length", 256},
+        {"qwen3moe.attention.head_count", 8},
+        {"qwen3moe.attention.head_count_kv", 2},
         {"qwen3moe.expert_feed_forward_length", 256},
     };
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
@@ -236,8 +239,8 @@ static void test_tinycoder(void)
     ok(strata_gguf_get_bool(g, "qwen3moe.block_count", &b, &e) == STRATA_E_FORMAT,
        "bool of an integer: %s", e.msg);
     float f = 0;
-    ok(strata_gguf_get_f32(g, "qwen3moe.attention.layer_norm_rms_epsilon", &f, &e) == 0 &&
-           f > 0 && f < 1e-3f,
+    ok(strata_gguf_get_f32(g, "qwen3moe.attention.layer_norm_rms_epsilon", &f, &e) == 0 && f > 0 &&
+           f < 1e-3f,
        "rms epsilon %g", (double)f);
     ok(strata_gguf_get_f32(g, "qwen3moe.block_count", &f, &e) == 0 && f == 4.0f,
        "f32 getter accepts an integer");
@@ -312,8 +315,7 @@ static void test_dequant_index(void)
         }
         const struct strata_gguf_tensor *t = strata_gguf_find_tensor(g, name);
         int same = t && strcmp(strata_ggml_type_name(t->type), type) == 0 &&
-                   (double)t->offset == off &&
-                   cJSON_GetArraySize(shape) == (int)t->n_dims;
+                   (double)t->offset == off && cJSON_GetArraySize(shape) == (int)t->n_dims;
         for (uint32_t d = 0; same && d < t->n_dims; d++)
             same = cJSON_GetNumberValue(cJSON_GetArrayItem(shape, (int)d)) == (double)t->ne[d];
         if (same)
@@ -406,8 +408,7 @@ static void test_writer_roundtrip(void)
     ok(strata_gguf_writer_add_tensor(w, "bad", STRATA_TYPE_Q4_K, 1, (uint64_t[]){100}, q, &e) ==
            STRATA_E_INVALID,
        "writer refuses ne[0] not a multiple of the block size");
-    ok(strata_gguf_writer_add_tensor(w, "u", 77, 1, (uint64_t[]){1}, q, &e) ==
-           STRATA_E_UNSUPPORTED,
+    ok(strata_gguf_writer_add_tensor(w, "u", 77, 1, (uint64_t[]){1}, q, &e) == STRATA_E_UNSUPPORTED,
        "writer refuses an unknown type");
 
     void *buf = NULL;
@@ -425,7 +426,8 @@ static void test_writer_roundtrip(void)
         int b;
         const char *s;
         const struct strata_gguf_kv *kv;
-        ok(strata_gguf_n_kv(g) == 20, "20 keys, general.alignment included (%llu)", (unsigned long long)strata_gguf_n_kv(g));
+        ok(strata_gguf_n_kv(g) == 20, "20 keys, general.alignment included (%llu)",
+           (unsigned long long)strata_gguf_n_kv(g));
         ok(strata_gguf_alignment(g) == 64, "alignment 64 read back");
         ok(strata_gguf_get_u32(g, "t.u8", &u, &e) == 0 && u == 200, "u8");
         ok((kv = strata_gguf_find_kv(g, "t.i8")) && kv->type == STRATA_GGUF_INT8 && kv->v.i == -100,
@@ -438,8 +440,7 @@ static void test_writer_roundtrip(void)
            "u32 4e9 does not fit i32: %s", e.msg);
         ok(strata_gguf_get_i32(g, "t.i32", &i32, &e) == 0 && i32 == -2000000000, "i32");
         ok(strata_gguf_get_u32(g, "t.i32", &u, &e) == STRATA_E_FORMAT, "negative not u32");
-        ok(strata_gguf_get_u64(g, "t.u64", &u64, &e) == 0 && u64 == 18000000000000000000ull,
-           "u64");
+        ok(strata_gguf_get_u64(g, "t.u64", &u64, &e) == 0 && u64 == 18000000000000000000ull, "u64");
         ok((kv = strata_gguf_find_kv(g, "t.i64")) && kv->v.i == -9000000000000000000ll, "i64");
         ok(strata_gguf_get_f32(g, "t.f32", &f, &e) == 0 && f == 0.25f, "f32");
         ok((kv = strata_gguf_find_kv(g, "t.f64")) && kv->v.f == -1e300, "f64");
@@ -468,9 +469,8 @@ static void test_writer_roundtrip(void)
                ar->arrs[0].type == STRATA_GGUF_FLOAT32 &&
                strata_gguf_arr_f64(&ar->arrs[0], 1) == 2.5 &&
                ar->arrs[1].type == STRATA_GGUF_ARRAY && ar->arrs[1].n == 1 &&
-               ar->arrs[1].arrs[0].type == STRATA_GGUF_STRING &&
-               ar->arrs[1].arrs[0].n == 3 && ar->arrs[1].arrs[0].strs[2].len == 2 &&
-               ar->arrs[2].n == 0,
+               ar->arrs[1].arrs[0].type == STRATA_GGUF_STRING && ar->arrs[1].arrs[0].n == 3 &&
+               ar->arrs[1].arrs[0].strs[2].len == 2 && ar->arrs[2].n == 0,
            "nested arrays, arrays of strings inside");
         ok(strata_gguf_n_tensors(g) == 3, "3 tensors");
         const struct strata_gguf_tensor *ta = strata_gguf_find_tensor(g, "a");
@@ -532,8 +532,7 @@ static void test_copy(void)
     if (!rc)
         rc = strata_gguf_writer_write_mem(w, &buf, &len, &e);
     ok(rc == 0, "stories260K copied: %s", e.msg);
-    ok(len == strata_gguf_shard_size(g, 0) &&
-           memcmp(buf, strata_gguf_shard_base(g, 0), len) == 0,
+    ok(len == strata_gguf_shard_size(g, 0) && memcmp(buf, strata_gguf_shard_base(g, 0), len) == 0,
        "the copy is byte-identical to the original (%zu bytes)", len);
     if (!rc && strata_gguf_open_mem(&h, buf, len, "copy", &e) == 0) {
         ok(strata_gguf_n_kv(h) == strata_gguf_n_kv(g), "same key count");
@@ -594,8 +593,8 @@ static void test_v2(void)
         strata_gguf_writer_set_version(w, 2);
         rc = strata_gguf_writer_add_u64(w, "general.alignment", 16, &e);
     }
-    rc = rc ? rc : strata_gguf_writer_add_tensor(w, "t", STRATA_TYPE_F32, 1, (uint64_t[]){3},
-                                                 NULL, &e);
+    rc = rc ? rc
+            : strata_gguf_writer_add_tensor(w, "t", STRATA_TYPE_F32, 1, (uint64_t[]){3}, NULL, &e);
     rc = rc ? rc : strata_gguf_writer_write_mem(w, &buf, &len, &e);
     /* the writer pads to its own alignment (32): offsets stay multiples of 16 */
     rc = rc ? rc : strata_gguf_open_mem(&g, buf, len, "v2", &e);

@@ -21,7 +21,7 @@
 #define STR 8
 #define ARR 9
 #define BOOL 7
-#define F32T 0  /* tensor types */
+#define F32T 0 /* tensor types */
 #define F64T 28
 #define Q4KT 12
 
@@ -44,20 +44,72 @@ static void one_tensor(struct craft *b, uint32_t n_dims, const uint64_t *ne, uin
     cr_zeros(b, data);
 }
 
-static void d_empty(struct craft *b) { (void)b; }
-static void d_short(struct craft *b) { cr_put(b, "GGU", 3); }
-static void d_magic(struct craft *b) { cr_put(b, "GGML\3\0\0\0", 8); cr_zeros(b, 32); }
-static void d_text(struct craft *b) { cr_put(b, "hello, this is not a model\n", 27); }
-static void d_trunc_hdr(struct craft *b) { cr_put(b, "GGUF", 4); }
-static void d_v1(struct craft *b) { cr_hdr(b, 1, 0, 0); }
-static void d_v7(struct craft *b) { cr_hdr(b, 7, 0, 0); }
-static void d_bigendian(struct craft *b) { cr_hdr(b, 0x03000000u, 0, 0); }
-static void d_trunc_nkv(struct craft *b) { cr_put(b, "GGUF\3\0\0\0", 8); cr_u64(b, 0); cr_u32(b, 0); }
-static void d_nkv_absurd(struct craft *b) { hdr(b, 0, 1ull << 40); cr_zeros(b, 64); }
-static void d_nt_absurd(struct craft *b) { hdr(b, 1ull << 50, 0); cr_zeros(b, 64); }
-static void d_key_past_eof(struct craft *b) { hdr(b, 0, 1); cr_u64(b, 1ull << 40); cr_put(b, "abcdefgh", 8); }
-static void d_key_huge(struct craft *b) { hdr(b, 0, 1); cr_u64(b, UINT64_MAX); cr_zeros(b, 16); }
-static void d_key_empty(struct craft *b) { hdr(b, 0, 1); cr_kv_u32(b, "", 1); }
+static void d_empty(struct craft *b)
+{
+    (void)b;
+}
+static void d_short(struct craft *b)
+{
+    cr_put(b, "GGU", 3);
+}
+static void d_magic(struct craft *b)
+{
+    cr_put(b, "GGML\3\0\0\0", 8);
+    cr_zeros(b, 32);
+}
+static void d_text(struct craft *b)
+{
+    cr_put(b, "hello, this is not a model\n", 27);
+}
+static void d_trunc_hdr(struct craft *b)
+{
+    cr_put(b, "GGUF", 4);
+}
+static void d_v1(struct craft *b)
+{
+    cr_hdr(b, 1, 0, 0);
+}
+static void d_v7(struct craft *b)
+{
+    cr_hdr(b, 7, 0, 0);
+}
+static void d_bigendian(struct craft *b)
+{
+    cr_hdr(b, 0x03000000u, 0, 0);
+}
+static void d_trunc_nkv(struct craft *b)
+{
+    cr_put(b, "GGUF\3\0\0\0", 8);
+    cr_u64(b, 0);
+    cr_u32(b, 0);
+}
+static void d_nkv_absurd(struct craft *b)
+{
+    hdr(b, 0, 1ull << 40);
+    cr_zeros(b, 64);
+}
+static void d_nt_absurd(struct craft *b)
+{
+    hdr(b, 1ull << 50, 0);
+    cr_zeros(b, 64);
+}
+static void d_key_past_eof(struct craft *b)
+{
+    hdr(b, 0, 1);
+    cr_u64(b, 1ull << 40);
+    cr_put(b, "abcdefgh", 8);
+}
+static void d_key_huge(struct craft *b)
+{
+    hdr(b, 0, 1);
+    cr_u64(b, UINT64_MAX);
+    cr_zeros(b, 16);
+}
+static void d_key_empty(struct craft *b)
+{
+    hdr(b, 0, 1);
+    cr_kv_u32(b, "", 1);
+}
 static void d_key_nul(struct craft *b)
 {
     hdr(b, 0, 1);
@@ -66,13 +118,53 @@ static void d_key_nul(struct craft *b)
     cr_u32(b, U32);
     cr_u32(b, 1);
 }
-static void d_key_dup(struct craft *b) { hdr(b, 0, 2); cr_kv_u32(b, "a.b", 1); cr_kv_u32(b, "a.b", 2); }
-static void d_vtype(struct craft *b) { hdr(b, 0, 1); cr_key(b, "k", 13); cr_u64(b, 0); }
-static void d_trunc_value(struct craft *b) { hdr(b, 0, 1); cr_key(b, "k", 10 /* u64 */); cr_u32(b, 5); }
-static void d_str_past_eof(struct craft *b) { hdr(b, 0, 1); cr_key(b, "k", STR); cr_u64(b, 99); cr_put(b, "short", 5); }
-static void d_bool(struct craft *b) { hdr(b, 0, 1); cr_key(b, "k", BOOL); cr_u8(b, 2); }
-static void d_arr_etype(struct craft *b) { hdr(b, 0, 1); cr_key(b, "k", ARR); cr_u32(b, 42); cr_u64(b, 1); cr_u32(b, 0); }
-static void d_arr_count(struct craft *b) { hdr(b, 0, 1); cr_key(b, "k", ARR); cr_u32(b, U32); cr_u64(b, 1ull << 60); cr_u32(b, 7); }
+static void d_key_dup(struct craft *b)
+{
+    hdr(b, 0, 2);
+    cr_kv_u32(b, "a.b", 1);
+    cr_kv_u32(b, "a.b", 2);
+}
+static void d_vtype(struct craft *b)
+{
+    hdr(b, 0, 1);
+    cr_key(b, "k", 13);
+    cr_u64(b, 0);
+}
+static void d_trunc_value(struct craft *b)
+{
+    hdr(b, 0, 1);
+    cr_key(b, "k", 10 /* u64 */);
+    cr_u32(b, 5);
+}
+static void d_str_past_eof(struct craft *b)
+{
+    hdr(b, 0, 1);
+    cr_key(b, "k", STR);
+    cr_u64(b, 99);
+    cr_put(b, "short", 5);
+}
+static void d_bool(struct craft *b)
+{
+    hdr(b, 0, 1);
+    cr_key(b, "k", BOOL);
+    cr_u8(b, 2);
+}
+static void d_arr_etype(struct craft *b)
+{
+    hdr(b, 0, 1);
+    cr_key(b, "k", ARR);
+    cr_u32(b, 42);
+    cr_u64(b, 1);
+    cr_u32(b, 0);
+}
+static void d_arr_count(struct craft *b)
+{
+    hdr(b, 0, 1);
+    cr_key(b, "k", ARR);
+    cr_u32(b, U32);
+    cr_u64(b, 1ull << 60);
+    cr_u32(b, 7);
+}
 static void d_arr_count_wrap(struct craft *b)
 {
     /* 2^62 u32 elements: the byte count 2^64 wraps to 0 if multiplied naively */
@@ -119,24 +211,69 @@ static void d_arr_bool(struct craft *b)
     cr_u64(b, 3);
     cr_put(b, "\1\5\0", 3);
 }
-static void d_align_zero(struct craft *b) { hdr(b, 0, 1); cr_kv_u32(b, "general.alignment", 0); }
-static void d_align_48(struct craft *b) { hdr(b, 0, 1); cr_kv_u32(b, "general.alignment", 48); }
-static void d_align_str(struct craft *b) { hdr(b, 0, 1); cr_kv_str(b, "general.alignment", "32"); }
-static void d_ndims0(struct craft *b) { one_tensor(b, 0, NE1, F32T, 0, 32); }
-static void d_ndims5(struct craft *b) { one_tensor(b, 5, (uint64_t[]){8, 1, 1, 1, 1}, F32T, 0, 32); }
-static void d_ne_zero(struct craft *b) { one_tensor(b, 2, (uint64_t[]){8, 0}, F32T, 0, 32); }
-static void d_ne_neg(struct craft *b) { one_tensor(b, 2, (uint64_t[]){8, 1ull << 63}, F32T, 0, 32); }
+static void d_align_zero(struct craft *b)
+{
+    hdr(b, 0, 1);
+    cr_kv_u32(b, "general.alignment", 0);
+}
+static void d_align_48(struct craft *b)
+{
+    hdr(b, 0, 1);
+    cr_kv_u32(b, "general.alignment", 48);
+}
+static void d_align_str(struct craft *b)
+{
+    hdr(b, 0, 1);
+    cr_kv_str(b, "general.alignment", "32");
+}
+static void d_ndims0(struct craft *b)
+{
+    one_tensor(b, 0, NE1, F32T, 0, 32);
+}
+static void d_ndims5(struct craft *b)
+{
+    one_tensor(b, 5, (uint64_t[]){8, 1, 1, 1, 1}, F32T, 0, 32);
+}
+static void d_ne_zero(struct craft *b)
+{
+    one_tensor(b, 2, (uint64_t[]){8, 0}, F32T, 0, 32);
+}
+static void d_ne_neg(struct craft *b)
+{
+    one_tensor(b, 2, (uint64_t[]){8, 1ull << 63}, F32T, 0, 32);
+}
 static void d_nelem_wrap(struct craft *b)
 {
     one_tensor(b, 3, (uint64_t[]){1ull << 32, 1ull << 32, 4}, F32T, 0, 32);
 }
-static void d_nbytes_wrap(struct craft *b) { one_tensor(b, 1, (uint64_t[]){1ull << 62}, F64T, 0, 32); }
-static void d_type_unknown(struct craft *b) { one_tensor(b, 1, NE1, 99, 0, 32); }
-static void d_type_removed(struct craft *b) { one_tensor(b, 1, NE1, 4 /* Q4_2, removed */, 0, 32); }
-static void d_block(struct craft *b) { one_tensor(b, 1, (uint64_t[]){100}, Q4KT, 0, 512); }
-static void d_unaligned(struct craft *b) { one_tensor(b, 1, NE1, F32T, 4, 64); }
-static void d_past_eof(struct craft *b) { one_tensor(b, 2, NE2, F32T, 0, 32); /* needs 64 */ }
-static void d_offset_huge(struct craft *b) { one_tensor(b, 1, NE1, F32T, UINT64_MAX - 31, 32); }
+static void d_nbytes_wrap(struct craft *b)
+{
+    one_tensor(b, 1, (uint64_t[]){1ull << 62}, F64T, 0, 32);
+}
+static void d_type_unknown(struct craft *b)
+{
+    one_tensor(b, 1, NE1, 99, 0, 32);
+}
+static void d_type_removed(struct craft *b)
+{
+    one_tensor(b, 1, NE1, 4 /* Q4_2, removed */, 0, 32);
+}
+static void d_block(struct craft *b)
+{
+    one_tensor(b, 1, (uint64_t[]){100}, Q4KT, 0, 512);
+}
+static void d_unaligned(struct craft *b)
+{
+    one_tensor(b, 1, NE1, F32T, 4, 64);
+}
+static void d_past_eof(struct craft *b)
+{
+    one_tensor(b, 2, NE2, F32T, 0, 32); /* needs 64 */
+}
+static void d_offset_huge(struct craft *b)
+{
+    one_tensor(b, 1, NE1, F32T, UINT64_MAX - 31, 32);
+}
 static void d_overlap(struct craft *b)
 {
     hdr(b, 2, 0);
@@ -218,7 +355,8 @@ static const struct defect defects[] = {
     {"arr-etype", d_arr_etype, FMT, "array element type 42 is not a gguf value type"},
     {"arr-count", d_arr_count, FMT, "array of 1152921504606846976 u32 elements"},
     {"arr-count-wrap", d_arr_count_wrap, FMT, "array of 4611686018427387904 u32 elements"},
-    {"strarr-elem", d_strarr_elem, FMT, "key 'tokenizer.ggml.tokens' element 1: string length 1000"},
+    {"strarr-elem", d_strarr_elem, FMT,
+     "key 'tokenizer.ggml.tokens' element 1: string length 1000"},
     {"strarr-count", d_strarr_count, FMT, "array of 1099511627776 string elements"},
     {"nested-deep", d_nested_deep, FMT, "arrays nested more than 8 deep"},
     {"arr-bool", d_arr_bool, FMT, "bool element 1 has value 5"},
@@ -315,13 +453,15 @@ static int make_valid(void **buf, size_t *len)
     rc = rc ? rc : strata_gguf_writer_add_f32(w, "llama.rope.freq_base", 10000.0f, &e);
     rc = rc ? rc : strata_gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", 1, &e);
     rc = rc ? rc : strata_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", toks, 3, &e);
-    rc = rc ? rc : strata_gguf_writer_add_arr(w, "tokenizer.ggml.token_type",
-                                              STRATA_GGUF_INT32, ids, 3, &e);
+    rc = rc ? rc
+            : strata_gguf_writer_add_arr(w, "tokenizer.ggml.token_type", STRATA_GGUF_INT32, ids, 3,
+                                         &e);
     rc = rc ? rc : strata_gguf_writer_add_arr_value(w, "x.nested", &nested, &e);
-    rc = rc ? rc : strata_gguf_writer_add_tensor(w, "a", STRATA_TYPE_F32, 2,
-                                                 (uint64_t[]){4, 2}, data, &e);
-    rc = rc ? rc : strata_gguf_writer_add_tensor(w, "b", STRATA_TYPE_F16, 1,
-                                                 (uint64_t[]){16}, data, &e);
+    rc = rc ? rc
+            : strata_gguf_writer_add_tensor(w, "a", STRATA_TYPE_F32, 2, (uint64_t[]){4, 2}, data,
+                                            &e);
+    rc = rc ? rc
+            : strata_gguf_writer_add_tensor(w, "b", STRATA_TYPE_F16, 1, (uint64_t[]){16}, data, &e);
     rc = rc ? rc : strata_gguf_writer_write_mem(w, buf, len, &e);
     strata_gguf_writer_free(w);
     return rc;
@@ -423,8 +563,8 @@ static void test_memory(void)
     size_t b0 = __sanitizer_get_current_allocated_bytes();
     int rc = strata_gguf_open_mem(&g, b.p, b.len, "keys", &e);
     size_t used = __sanitizer_get_current_allocated_bytes() - b0;
-    ok(rc == 0 && used < 8 * b.len, "%d one-byte keys: %zu heap bytes for a %zu-byte file", n,
-       used, b.len);
+    ok(rc == 0 && used < 8 * b.len, "%d one-byte keys: %zu heap bytes for a %zu-byte file", n, used,
+       b.len);
     strata_gguf_close(g);
 
     cr_hdr(&c, 3, (uint64_t)n, 0);

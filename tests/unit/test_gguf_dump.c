@@ -48,10 +48,12 @@ static int build(void **buf, size_t *len)
     rc = rc ? rc : strata_gguf_writer_add_str(w, "t.long", "xxxxxxxxxx", &e);
     rc = rc ? rc : strata_gguf_writer_add_arr(w, "t.ints", STRATA_GGUF_INT32, ints, 5, &e);
     rc = rc ? rc : strata_gguf_writer_add_arr_value(w, "t.nest", &nest, &e);
-    rc = rc ? rc : strata_gguf_writer_add_tensor(w, "a", STRATA_TYPE_F32, 2, (uint64_t[]){4, 2},
-                                                 NULL, &e);
-    rc = rc ? rc : strata_gguf_writer_add_tensor(w, "b", STRATA_TYPE_Q8_0, 1, (uint64_t[]){32},
-                                                 NULL, &e);
+    rc = rc ? rc
+            : strata_gguf_writer_add_tensor(w, "a", STRATA_TYPE_F32, 2, (uint64_t[]){4, 2}, NULL,
+                                            &e);
+    rc =
+        rc ? rc
+           : strata_gguf_writer_add_tensor(w, "b", STRATA_TYPE_Q8_0, 1, (uint64_t[]){32}, NULL, &e);
     rc = rc ? rc : strata_gguf_writer_write_mem(w, buf, len, &e);
     if (rc)
         diag("build: %s", e.msg);
@@ -150,8 +152,13 @@ static void test_utf8(void)
     size_t len = 0;
     cJSON *doc = NULL;
     int rc = strata_gguf_writer_create(&w, &e);
-    rc = rc ? rc : strata_gguf_writer_add_strn(w, "bad", "a\xff" "b\0c\xc3", 6, &e);
-    rc = rc ? rc : strata_gguf_writer_add_str(w, "good", "h\xc3\xa9\xe2\x82\xac\xf0\x9f\x99\x82", &e);
+    rc = rc ? rc
+            : strata_gguf_writer_add_strn(w, "bad",
+                                          "a\xff"
+                                          "b\0c\xc3",
+                                          6, &e);
+    rc = rc ? rc
+            : strata_gguf_writer_add_str(w, "good", "h\xc3\xa9\xe2\x82\xac\xf0\x9f\x99\x82", &e);
     rc = rc ? rc : strata_gguf_writer_add_str(w, "overlong", "\xc0\xaf\xed\xa0\x80", &e);
     rc = rc ? rc : strata_gguf_writer_write_mem(w, &buf, &len, &e);
     rc = rc ? rc : strata_gguf_open_mem(&g, buf, len, "utf8", &e);
@@ -159,10 +166,15 @@ static void test_utf8(void)
     ok(rc == 0, "utf8 file dumped: %s", e.msg);
     if (!rc) {
         cJSON *m = cJSON_GetObjectItem(doc, "metadata");
-        const char *bad = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 0), "value"));
-        const char *good = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 1), "value"));
-        const char *ol = cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 2), "value"));
-        ok(bad && strcmp(bad, "a\xef\xbf\xbd" "b\xef\xbf\xbd" "c\xef\xbf\xbd") == 0,
+        const char *bad =
+            cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 0), "value"));
+        const char *good =
+            cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 1), "value"));
+        const char *ol =
+            cJSON_GetStringValue(cJSON_GetObjectItem(cJSON_GetArrayItem(m, 2), "value"));
+        ok(bad && strcmp(bad, "a\xef\xbf\xbd"
+                              "b\xef\xbf\xbd"
+                              "c\xef\xbf\xbd") == 0,
            "invalid bytes and NUL replaced by U+FFFD");
         ok(good && strcmp(good, "h\xc3\xa9\xe2\x82\xac\xf0\x9f\x99\x82") == 0, "valid UTF-8 kept");
         ok(ol && strcmp(ol, "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd") == 0,

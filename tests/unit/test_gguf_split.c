@@ -20,12 +20,12 @@ static char dir[64];
 
 /* Per-shard overrides of what a correct writer would put. */
 struct split_opts {
-    int count[N_SHARDS];    /* split.count, 0 = the right value, -1 = omit */
-    int no[N_SHARDS];       /* split.no + 1, 0 = the right value, -1 = omit */
-    int tcount[N_SHARDS];   /* split.tensors.count, 0 = the right value */
-    int dup_tensor;         /* shard 2 also holds shard 1's first tensor */
-    const char *prefix;     /* file name prefix in dir, default "tc" */
-    int name_n;             /* N in the file names, 0 = N_SHARDS */
+    int count[N_SHARDS];  /* split.count, 0 = the right value, -1 = omit */
+    int no[N_SHARDS];     /* split.no + 1, 0 = the right value, -1 = omit */
+    int tcount[N_SHARDS]; /* split.tensors.count, 0 = the right value */
+    int dup_tensor;       /* shard 2 also holds shard 1's first tensor */
+    const char *prefix;   /* file name prefix in dir, default "tc" */
+    int name_n;           /* N in the file names, 0 = N_SHARDS */
 };
 
 static void shard_path(char *buf, size_t n, const struct split_opts *o, int k)
@@ -47,8 +47,8 @@ static int write_split(const struct split_opts *o)
             for (uint64_t i = 0; !rc && i < strata_gguf_n_kv(src); i++)
                 rc = strata_gguf_writer_add_kv(w, strata_gguf_kv_at(src, i), &e);
         if (!rc && o->no[k] >= 0)
-            rc = strata_gguf_writer_add_u16(w, "split.no",
-                                            (uint16_t)(o->no[k] ? o->no[k] - 1 : k), &e);
+            rc = strata_gguf_writer_add_u16(w, "split.no", (uint16_t)(o->no[k] ? o->no[k] - 1 : k),
+                                            &e);
         if (!rc && o->count[k] >= 0)
             rc = strata_gguf_writer_add_u16(w, "split.count",
                                             (uint16_t)(o->count[k] ? o->count[k] : N_SHARDS), &e);
@@ -57,13 +57,11 @@ static int write_split(const struct split_opts *o)
                                             o->tcount[k] ? o->tcount[k] : (int32_t)nt, &e);
         for (uint64_t i = k * per; !rc && i < nt && i < (uint64_t)(k + 1) * per; i++) {
             const struct strata_gguf_tensor *t = strata_gguf_tensor_at(src, i);
-            rc = strata_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data,
-                                               &e);
+            rc = strata_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, &e);
         }
         if (!rc && k == 2 && o->dup_tensor) {
             const struct strata_gguf_tensor *t = strata_gguf_tensor_at(src, per);
-            rc = strata_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data,
-                                               &e);
+            rc = strata_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, &e);
         }
         shard_path(path, sizeof(path), o, k);
         if (!rc)
@@ -139,8 +137,8 @@ static void test_good(void)
 }
 
 /* Write o's set, optionally damage it, open shard `via`, expect code and msg. */
-static void expect(const char *what, const struct split_opts *o, int via, int code,
-                   const char *msg, void (*damage)(const struct split_opts *))
+static void expect(const char *what, const struct split_opts *o, int via, int code, const char *msg,
+                   void (*damage)(const struct split_opts *))
 {
     char path[256];
     struct strata_err e = {0};
@@ -196,8 +194,7 @@ static void truncate_second(const struct split_opts *o)
 static void test_defects(void)
 {
     struct split_opts o = {0};
-    expect("missing shard", &o, 0, STRATA_E_NOTFOUND,
-           "shard 3 of 3 '", rm_third);
+    expect("missing shard", &o, 0, STRATA_E_NOTFOUND, "shard 3 of 3 '", rm_third);
     expect("missing shard named", &o, 1, STRATA_E_NOTFOUND, "tc-00003-of-00003.gguf' is missing",
            rm_third);
     expect("duplicated shard", &o, 0, STRATA_E_FORMAT,
@@ -226,8 +223,7 @@ static void test_defects(void)
     expect("split.tensors.count wrong", &o, 0, STRATA_E_FORMAT,
            "split.tensors.count is 52 but the 3 shards hold 51 tensors", NULL);
     o = (struct split_opts){.tcount = {52, 52, 52}, .dup_tensor = 1};
-    expect("tensor in two shards", &o, 0, STRATA_E_FORMAT,
-           "in shard '", NULL);
+    expect("tensor in two shards", &o, 0, STRATA_E_FORMAT, "in shard '", NULL);
     o = (struct split_opts){.name_n = 4};
     expect("name says 4 shards", &o, 0, STRATA_E_FORMAT,
            "split.count is 3 but the name says 4 shards", NULL);
