@@ -2,6 +2,7 @@
 #include "engine.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -67,6 +68,22 @@ static float silu(float x)
 /* ------------------------------------------------------------------------ */
 /* CPU backend                                                              */
 
+#define MM_TILE 32          /* tokens per kernel call */
+#define MM_CHUNK_ROWS 16    /* rows per work item */
+#define MM_INLINE_MACS (1 << 15) /* smaller jobs run on the calling thread */
+#define MM_MAX_TASKS 1040
+
+struct mm_task {
+    struct strata_mat w;
+    const char *act;   /* n_tok rows of act_stride bytes */
+    size_t act_stride;
+    int n_tok;
+    float *y;          /* y[t * ldy + r] */
+    int64_t ldy;
+    strata_vec_dot_fn dot;
+    int64_t chunk0;    /* first chunk index of this task */
+};
+
 /* Profile counters (ms), printed at close when STRATA_PROFILE is set. */
 enum { PROF_EMBD, PROF_QKV, PROF_ATTN, PROF_WO, PROF_FFN, PROF_ROUTER, PROF_EXPERTS,
        PROF_OUT, PROF_N };
@@ -88,14 +105,18 @@ struct cpu_state {
     float **attn_norm, **ffn_norm, **q_norm, **k_norm, **bq, **bk, **bv, **shexp_gate;
     float *out_norm;
     /* scratch, sized for n_ub positions */
-    float *x, *cur, *q, *k, *v, *att, *tmp, *gate, *up;
+    float *x, *cur, *q, *k, *v, *att, *tmp;
     float *router;      /* [n_ub, n_expert] */
     int32_t *sel;       /* [n_ub, n_expert_used] */
     float *selw;        /* [n_ub, n_expert_used] */
     int32_t *elist;     /* [n_ub * n_expert_used] (t * K + slot) grouped by expert */
     int32_t *ecount;    /* [n_expert + 1] offsets */
-    float *xe, *ge, *ue, *ye; /* gathered expert rows */
-    float *eout;        /* [n_ub, K, n_embd] expert outputs per slot */
+    float *ge, *ue, *ye; /* ffn hidden states and outputs, [n_ub * K] rows */
+    int32_t *inv;       /* [n_ub * K] grouped position of each (token, slot) */
+    char *aq8_0, *aq8_k;   /* quantised activations of a layer input */
+    char *aq8_0b, *aq8_kb; /* ... of the ffn hidden state */
+    char *xg, *xg2;     /* [n_ub * K] gathered activation rows (gate, up) */
+    struct mm_task *tasks; /* [MM_MAX_TASKS] */
     float *scores;      /* [n_threads, n_ctx] */
     int profile;
     double prof[PROF_N];
@@ -143,9 +164,10 @@ static void cpu_free(void *state)
     free(s->q_norm); free(s->k_norm); free(s->bq); free(s->bk); free(s->bv);
     free(s->shexp_gate); free(s->out_norm); free(s->rope_cs);
     free(s->x); free(s->cur); free(s->q); free(s->k); free(s->v); free(s->att);
-    free(s->tmp); free(s->gate); free(s->up); free(s->router); free(s->sel); free(s->selw);
-    free(s->elist); free(s->ecount); free(s->xe); free(s->ge); free(s->ue); free(s->ye);
-    free(s->eout); free(s->scores);
+    free(s->tmp); free(s->router); free(s->sel); free(s->selw);
+    free(s->elist); free(s->ecount); free(s->ge); free(s->ue); free(s->ye);
+    free(s->inv); free(s->aq8_0); free(s->aq8_k); free(s->aq8_0b); free(s->aq8_kb);
+    free(s->xg); free(s->xg2); free(s->tasks); free(s->scores);
     free(s);
 }
 
@@ -307,12 +329,22 @@ static int cpu_init(void **state, const struct strata_model *m,
     ALLOC(s->x, T * E); ALLOC(s->cur, T * E); ALLOC(s->tmp, T * E);
     ALLOC(s->q, T * qd); ALLOC(s->k, T * s->n_kv_k); ALLOC(s->v, T * s->n_kv_v);
     ALLOC(s->att, T * od);
-    ALLOC(s->gate, T * ff); ALLOC(s->up, T * ff);
+    {
+        int64_t mx = E > od ? E : od;
+        if (ff > mx)
+            mx = ff;
+        const int64_t rows = T * K;
+        ALLOC(s->ge, rows * ff); ALLOC(s->ue, rows * ff); ALLOC(s->ye, rows * E);
+        ALLOC(s->aq8_0, rows * (mx / 32 + 1) * 34); ALLOC(s->aq8_k, rows * (mx / 256 + 1) * 292);
+        ALLOC(s->aq8_0b, rows * (mx / 32 + 1) * 34);
+        ALLOC(s->aq8_kb, rows * (mx / 256 + 1) * 292);
+        ALLOC(s->xg, rows * mx * 4);
+        ALLOC(s->xg2, rows * mx * 4);
+        ALLOC(s->tasks, MM_MAX_TASKS);
+    }
     if (X) {
         ALLOC(s->router, T * X); ALLOC(s->sel, T * K); ALLOC(s->selw, T * K);
-        ALLOC(s->elist, T * K); ALLOC(s->ecount, X + 1);
-        ALLOC(s->xe, T * E); ALLOC(s->ge, T * ff); ALLOC(s->ue, T * ff); ALLOC(s->ye, T * E);
-        ALLOC(s->eout, T * K * E);
+        ALLOC(s->elist, T * K); ALLOC(s->inv, T * K); ALLOC(s->ecount, X + 1);
     }
     ALLOC(s->scores, (size_t)s->n_threads * s->n_ctx);
     *state = s;
@@ -320,6 +352,146 @@ static int cpu_init(void **state, const struct strata_model *m,
 out:
     cpu_free(s);
     return rc;
+}
+
+/* ---- fused matmuls ----
+ *
+ * Several products that can run at the same time (q, k and v; ffn gate and
+ * up; every routed expert of a layer) go to the pool as one job: their rows
+ * are cut into chunks that the threads take from an atomic counter, so a
+ * decode step costs a few pool wake-ups per layer instead of one per matrix.
+ * Each (token, row) value is one call of the quant module's dot kernel, whose
+ * result does not depend on how many tokens it is given (quant.h), so the
+ * logits stay bitwise independent of the batch and of the thread count.
+ */
+struct mm_job {
+    struct mm_task *t;
+    int n;
+    int64_t n_chunks;
+    atomic_llong next;
+};
+
+static void mm_worker(void *ctx, int ith, int nth)
+{
+    struct mm_job *j = ctx;
+    float out[MM_TILE];
+    int ti = 0;
+    (void)ith;
+    (void)nth;
+    for (;;) {
+        int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (c >= j->n_chunks)
+            break;
+        while (ti + 1 < j->n && j->t[ti + 1].chunk0 <= c)
+            ti++;
+        while (ti > 0 && j->t[ti].chunk0 > c)
+            ti--;
+        const struct mm_task *k = &j->t[ti];
+        int64_t ra = (c - k->chunk0) * MM_CHUNK_ROWS;
+        int64_t rb = ra + MM_CHUNK_ROWS < k->w.ne1 ? ra + MM_CHUNK_ROWS : k->w.ne1;
+        for (int t0 = 0; t0 < k->n_tok; t0 += MM_TILE) {
+            int nt = k->n_tok - t0 < MM_TILE ? k->n_tok - t0 : MM_TILE;
+            const char *a = k->act + (size_t)t0 * k->act_stride;
+            for (int64_t r = ra; r < rb; r++) {
+                k->dot(k->w.ne0, (const char *)k->w.data + (size_t)r * k->w.nb1, a,
+                       k->act_stride, nt, out);
+                for (int t = 0; t < nt; t++)
+                    k->y[(size_t)(t0 + t) * k->ldy + r] = out[t];
+            }
+        }
+    }
+}
+
+/* Run tasks[0..n) as one pool job. */
+static void mm_run(struct cpu_state *s, struct mm_task *tasks, int n)
+{
+    struct mm_job j;
+    int64_t chunks = 0, macs = 0;
+    for (int i = 0; i < n; i++) {
+        tasks[i].chunk0 = chunks;
+        chunks += (tasks[i].w.ne1 + MM_CHUNK_ROWS - 1) / MM_CHUNK_ROWS;
+        macs += tasks[i].w.ne0 * tasks[i].w.ne1 * tasks[i].n_tok;
+    }
+    if (chunks == 0)
+        return;
+    j.t = tasks;
+    j.n = n;
+    j.n_chunks = chunks;
+    atomic_init(&j.next, 0);
+    strata_pool_run(macs < MM_INLINE_MACS || chunks < 2 ? NULL : s->pool, mm_worker, &j);
+}
+
+/* Activations of x [n_tok, ne0] in the form the weight type dots against:
+ * quantised once per (input, activation type) into the slot's buffer. */
+struct act_cache {
+    const float *x;
+    int64_t ne0;
+    int n_tok;
+    char *q8_0, *q8_k; /* buffers owned by the cpu state */
+    int have_q8_0, have_q8_k;
+};
+
+struct qa_job {
+    uint32_t vt;
+    const float *x;
+    int64_t ne0;
+    int n_tok;
+    char *dst;
+    size_t row;
+};
+
+static void qa_worker(void *ctx, int ith, int nth)
+{
+    struct qa_job *q = ctx;
+    for (int t = ith; t < q->n_tok; t += nth)
+        strata_quant_quantize_act(q->vt, q->x + (size_t)t * q->ne0, q->dst + (size_t)t * q->row,
+                                  q->ne0);
+}
+
+static void act_init(struct act_cache *a, const float *x, int64_t ne0, int n_tok, char *q8_0,
+                     char *q8_k)
+{
+    a->x = x;
+    a->ne0 = ne0;
+    a->n_tok = n_tok;
+    a->q8_0 = q8_0;
+    a->q8_k = q8_k;
+    a->have_q8_0 = a->have_q8_k = 0;
+}
+
+static const char *act_get(struct cpu_state *s, struct act_cache *a, uint32_t weight_type,
+                           size_t *stride)
+{
+    uint32_t vt = strata_quant_vec_dot_type(weight_type);
+    if (vt == STRATA_TYPE_F32) {
+        *stride = (size_t)a->ne0 * sizeof(float);
+        return (const char *)a->x;
+    }
+    size_t row = strata_quant_act_size(vt, a->ne0);
+    *stride = row;
+    char *dst = vt == STRATA_TYPE_Q8_0 ? a->q8_0 : a->q8_k;
+    int *have = vt == STRATA_TYPE_Q8_0 ? &a->have_q8_0 : &a->have_q8_k;
+    if (!*have) {
+        struct qa_job q = { vt, a->x, a->ne0, a->n_tok, dst, row };
+        strata_pool_run(a->n_tok > 1 ? s->pool : NULL, qa_worker, &q);
+        *have = 1;
+    }
+    return dst;
+}
+
+static struct mm_task mm_task_of(struct cpu_state *s, struct act_cache *a,
+                                 const struct strata_weight *w, int64_t expert, float *y,
+                                 int64_t ldy)
+{
+    struct mm_task t;
+    memset(&t, 0, sizeof t);
+    t.w = mat_of(w, expert);
+    t.act = act_get(s, a, w->type, &t.act_stride);
+    t.n_tok = a->n_tok;
+    t.y = y;
+    t.ldy = ldy;
+    t.dot = strata_quant_vec_dot_fn(w->type, strata_quant_simd_level());
+    return t;
 }
 
 /* ---- attention ---- */
@@ -542,73 +714,125 @@ static void route(const struct strata_hparams *hp, const float *logits, int32_t 
         w[k] *= hp->expert_weights_scale;
 }
 
-#define CHECK(call)                 \
-    do {                            \
-        if ((rc = (call)) != 0)     \
-            goto out;               \
-    } while (0)
-
-/* out[t] = down(silu(gate x_t) * up x_t) for n rows; x [n, E] -> y [n, E]. */
-static int swiglu_ffn(struct cpu_state *s, const struct strata_mat *g,
-                      const struct strata_mat *u, const struct strata_mat *d, const float *x,
-                      int n, float *gb, float *ub, float *y, struct strata_err *err)
+/* Dense SwiGLU FFN: y = down(silu(gate x) * up x) for the n rows of a. */
+static void swiglu_ffn(struct cpu_state *s, struct act_cache *a,
+                       const struct strata_weight *g, const struct strata_weight *u,
+                       const struct strata_weight *d, float *y)
 {
-    int rc;
-    CHECK(strata_matmul(s->pool, g, x, n, gb, err));
-    CHECK(strata_matmul(s->pool, u, x, n, ub, err));
-    const int64_t F = g->ne1;
+    const int n = a->n_tok;
+    const int64_t F = g->ne[1];
+    struct mm_task t[2];
+    t[0] = mm_task_of(s, a, g, 0, s->ge, F);
+    t[1] = mm_task_of(s, a, u, 0, s->ue, F);
+    mm_run(s, t, 2);
     for (int64_t i = 0; i < (int64_t)n * F; i++)
-        gb[i] = silu(gb[i]) * ub[i];
-    CHECK(strata_matmul(s->pool, d, gb, n, y, err));
-out:
-    return rc;
+        s->ge[i] = silu(s->ge[i]) * s->ue[i];
+    struct act_cache h;
+    act_init(&h, s->ge, F, n, s->aq8_0b, s->aq8_kb);
+    t[0] = mm_task_of(s, &h, d, 0, y, d->ne[1]);
+    mm_run(s, t, 1);
 }
 
-static int moe_ffn(struct cpu_state *s, int il, int n_tok, struct strata_err *err)
+/* Routed experts: every (token, slot) pair is grouped by expert; each
+ * expert's rows are one task over its tokens, all experts in one job. */
+static void moe_ffn(struct cpu_state *s, int il, int n_tok)
 {
     const struct strata_model *m = s->m;
     const struct strata_hparams *hp = &m->hp;
     const struct strata_layer *ly = &m->layers[il];
-    const int64_t E = hp->n_embd;
+    const int64_t E = hp->n_embd, F = hp->n_ff_exp;
     const int X = (int)hp->n_expert, K = (int)hp->n_expert_used;
-    int rc = 0;
     double t0 = s->profile ? now_ms() : 0;
-    struct strata_mat gi = mat_of(&ly->ffn_gate_inp, 0);
-    CHECK(strata_matmul(s->pool, &gi, s->cur, n_tok, s->router, err));
+    struct act_cache a;
+    act_init(&a, s->cur, E, n_tok, s->aq8_0, s->aq8_k);
+    struct mm_task *tk = s->tasks;
+    tk[0] = mm_task_of(s, &a, &ly->ffn_gate_inp, 0, s->router, X);
+    mm_run(s, tk, 1);
     for (int t = 0; t < n_tok; t++)
         route(hp, s->router + (size_t)t * X, s->sel + (size_t)t * K, s->selw + (size_t)t * K);
-    /* group (token, slot) pairs by expert */
+    /* group (token, slot) pairs by expert, in (token, slot) order inside each */
     memset(s->ecount, 0, sizeof(int32_t) * (X + 1));
     for (int i = 0; i < n_tok * K; i++)
         s->ecount[s->sel[i] + 1]++;
     for (int e = 0; e < X; e++)
         s->ecount[e + 1] += s->ecount[e];
-    /* stable fill: pairs in (token, slot) order inside each expert */
     int32_t pos[512];
     for (int e = 0; e < X; e++)
         pos[e] = s->ecount[e];
-    for (int i = 0; i < n_tok * K; i++)
-        s->elist[pos[s->sel[i]]++] = i;
+    for (int i = 0; i < n_tok * K; i++) {
+        int g = pos[s->sel[i]]++;
+        s->elist[g] = i;
+        s->inv[i] = g;
+    }
+    const int n_pairs = n_tok * K;
     if (s->profile) {
         double t1 = now_ms();
         s->prof[PROF_ROUTER] += t1 - t0;
         t0 = t1;
     }
+    /* gather the activations of each pair (already in the experts' dot form) */
+    size_t stride, ustride;
+    const char *xa = act_get(s, &a, ly->ffn_gate_exps.type, &stride);
+    const char *xu = act_get(s, &a, ly->ffn_up_exps.type, &ustride);
+    for (int g = 0; g < n_pairs; g++)
+        memcpy(s->xg + (size_t)g * stride, xa + (size_t)(s->elist[g] / K) * stride, stride);
+    const char *ug = s->xg; /* up reads the same rows unless its form differs */
+    if (xu != xa) {
+        for (int g = 0; g < n_pairs; g++)
+            memcpy(s->xg2 + (size_t)g * ustride, xu + (size_t)(s->elist[g] / K) * ustride,
+                   ustride);
+        ug = s->xg2;
+    }
+    int nt = 0;
+    strata_vec_dot_fn gdot = strata_quant_vec_dot_fn(ly->ffn_gate_exps.type,
+                                                     strata_quant_simd_level());
+    strata_vec_dot_fn udot = strata_quant_vec_dot_fn(ly->ffn_up_exps.type,
+                                                     strata_quant_simd_level());
     for (int e = 0; e < X; e++) {
         const int b = s->ecount[e], n = s->ecount[e + 1] - b;
         if (n == 0)
             continue;
-        for (int r = 0; r < n; r++) {
-            int t = s->elist[b + r] / K;
-            memcpy(s->xe + (size_t)r * E, s->cur + (size_t)t * E, sizeof(float) * E);
-        }
-        struct strata_mat g = mat_of(&ly->ffn_gate_exps, e), u = mat_of(&ly->ffn_up_exps, e);
-        struct strata_mat d = mat_of(&ly->ffn_down_exps, e);
-        CHECK(swiglu_ffn(s, &g, &u, &d, s->xe, n, s->ge, s->ue, s->ye, err));
-        for (int r = 0; r < n; r++)
-            memcpy(s->eout + (size_t)s->elist[b + r] * E, s->ye + (size_t)r * E,
-                   sizeof(float) * E);
+        struct mm_task *t = &tk[nt++];
+        memset(t, 0, sizeof *t);
+        t->w = mat_of(&ly->ffn_gate_exps, e);
+        t->act = s->xg + (size_t)b * stride;
+        t->act_stride = stride;
+        t->n_tok = n;
+        t->y = s->ge + (size_t)b * F;
+        t->ldy = F;
+        t->dot = gdot;
+        tk[nt] = *t;
+        tk[nt].w = mat_of(&ly->ffn_up_exps, e);
+        tk[nt].act = ug + (size_t)b * ustride;
+        tk[nt].act_stride = ustride;
+        tk[nt].y = s->ue + (size_t)b * F;
+        tk[nt].dot = udot;
+        nt++;
     }
+    mm_run(s, tk, nt);
+    for (int64_t i = 0; i < (int64_t)n_pairs * F; i++)
+        s->ge[i] = silu(s->ge[i]) * s->ue[i];
+    struct act_cache h;
+    act_init(&h, s->ge, F, n_pairs, s->aq8_0b, s->aq8_kb);
+    const char *ha = act_get(s, &h, ly->ffn_down_exps.type, &stride);
+    strata_vec_dot_fn ddot = strata_quant_vec_dot_fn(ly->ffn_down_exps.type,
+                                                     strata_quant_simd_level());
+    nt = 0;
+    for (int e = 0; e < X; e++) {
+        const int b = s->ecount[e], n = s->ecount[e + 1] - b;
+        if (n == 0)
+            continue;
+        struct mm_task *t = &tk[nt++];
+        memset(t, 0, sizeof *t);
+        t->w = mat_of(&ly->ffn_down_exps, e);
+        t->act = ha + (size_t)b * stride;
+        t->act_stride = stride;
+        t->n_tok = n;
+        t->y = s->ye + (size_t)b * E;
+        t->ldy = E;
+        t->dot = ddot;
+    }
+    mm_run(s, tk, nt);
     /* weighted sum in slot order (fixed per token, whatever the batch) */
     for (int t = 0; t < n_tok; t++) {
         float *o = s->tmp + (size_t)t * E;
@@ -616,15 +840,13 @@ static int moe_ffn(struct cpu_state *s, int il, int n_tok, struct strata_err *er
             o[i] = 0;
         for (int k = 0; k < K; k++) {
             const float w = s->selw[t * K + k];
-            const float *src = s->eout + ((size_t)t * K + k) * E;
+            const float *src = s->ye + (size_t)s->inv[t * K + k] * E;
             for (int64_t i = 0; i < E; i++)
                 o[i] += w * src[i];
         }
     }
     if (ly->ffn_gate_shexp.data) {
-        struct strata_mat g = mat_of(&ly->ffn_gate_shexp, 0), u = mat_of(&ly->ffn_up_shexp, 0);
-        struct strata_mat d = mat_of(&ly->ffn_down_shexp, 0);
-        CHECK(swiglu_ffn(s, &g, &u, &d, s->cur, n_tok, s->ge, s->ue, s->ye, err));
+        swiglu_ffn(s, &a, &ly->ffn_gate_shexp, &ly->ffn_up_shexp, &ly->ffn_down_shexp, s->ye);
         for (int t = 0; t < n_tok; t++) {
             const float gate = 1.0f / (1.0f + expf(-dot_f32(s->shexp_gate[il],
                                                             s->cur + (size_t)t * E, (int)E)));
@@ -634,8 +856,6 @@ static int moe_ffn(struct cpu_state *s, int il, int n_tok, struct strata_err *er
     }
     if (s->profile)
         s->prof[PROF_EXPERTS] += now_ms() - t0;
-out:
-    return rc;
 }
 
 static int cpu_forward(void *state, const struct strata_batch *b, float *logits,
@@ -649,8 +869,8 @@ static int cpu_forward(void *state, const struct strata_batch *b, float *logits,
     const int nh = (int)hp->n_head, nhk = (int)hp->n_head_kv;
     const int hk = (int)hp->n_embd_head_k;
     const int64_t qd = (int64_t)nh * hk, od = (int64_t)nh * hp->n_embd_head_v;
-    int rc = 0;
     double t0 = s->profile ? now_ms() : 0, t1;
+    (void)err;
 #define PROF(slot)                          \
     do {                                    \
         if (s->profile) {                   \
@@ -676,11 +896,13 @@ static int cpu_forward(void *state, const struct strata_batch *b, float *logits,
         for (int t = 0; t < n; t++)
             rms_norm(s->x + (size_t)t * E, s->attn_norm[il], s->cur + (size_t)t * E, E,
                      hp->f_norm_rms_eps);
-        struct strata_mat wq = mat_of(&ly->wq, 0), wk = mat_of(&ly->wk, 0);
-        struct strata_mat wv = mat_of(&ly->wv, 0), wo = mat_of(&ly->wo, 0);
-        CHECK(strata_matmul(s->pool, &wq, s->cur, n, s->q, err));
-        CHECK(strata_matmul(s->pool, &wk, s->cur, n, s->k, err));
-        CHECK(strata_matmul(s->pool, &wv, s->cur, n, s->v, err));
+        struct act_cache a;
+        act_init(&a, s->cur, E, n, s->aq8_0, s->aq8_k);
+        struct mm_task t3[3];
+        t3[0] = mm_task_of(s, &a, &ly->wq, 0, s->q, qd);
+        t3[1] = mm_task_of(s, &a, &ly->wk, 0, s->k, s->n_kv_k);
+        t3[2] = mm_task_of(s, &a, &ly->wv, 0, s->v, s->n_kv_v);
+        mm_run(s, t3, 3);
         for (int t = 0; t < n; t++) {
             float *q = s->q + (size_t)t * qd, *k = s->k + (size_t)t * s->n_kv_k;
             float *v = s->v + (size_t)t * s->n_kv_v;
@@ -710,9 +932,13 @@ static int cpu_forward(void *state, const struct strata_batch *b, float *logits,
         }
         PROF(PROF_QKV);
         struct attn_job aj = { s, il, n, pos0 };
-        strata_pool_run(s->pool, attn_worker, &aj);
+        int64_t work = (int64_t)n * nh * (pos0 + n) * hk;
+        strata_pool_run(work < MM_INLINE_MACS ? NULL : s->pool, attn_worker, &aj);
         PROF(PROF_ATTN);
-        CHECK(strata_matmul(s->pool, &wo, s->att, n, s->tmp, err));
+        struct act_cache ao;
+        act_init(&ao, s->att, od, n, s->aq8_0, s->aq8_k);
+        t3[0] = mm_task_of(s, &ao, &ly->wo, 0, s->tmp, E);
+        mm_run(s, t3, 1);
         for (int64_t i = 0; i < (int64_t)n * E; i++)
             s->x[i] += s->tmp[i];
         PROF(PROF_WO);
@@ -721,18 +947,16 @@ static int cpu_forward(void *state, const struct strata_batch *b, float *logits,
             rms_norm(s->x + (size_t)t * E, s->ffn_norm[il], s->cur + (size_t)t * E, E,
                      hp->f_norm_rms_eps);
         if (ly->is_moe) {
-            CHECK(moe_ffn(s, il, n, err));
+            moe_ffn(s, il, n);
             if (s->profile)
                 t0 = now_ms();
         } else {
-            struct strata_mat g = mat_of(&ly->ffn_gate, 0), u = mat_of(&ly->ffn_up, 0);
-            struct strata_mat d = mat_of(&ly->ffn_down, 0);
-            CHECK(swiglu_ffn(s, &g, &u, &d, s->cur, n, s->gate, s->up, s->tmp, err));
+            act_init(&a, s->cur, E, n, s->aq8_0, s->aq8_k);
+            swiglu_ffn(s, &a, &ly->ffn_gate, &ly->ffn_up, &ly->ffn_down, s->tmp);
             PROF(PROF_FFN);
         }
         for (int64_t i = 0; i < (int64_t)n * E; i++)
             s->x[i] += s->tmp[i];
-        (void)od;
     }
 
     if (b->logits != STRATA_LOGITS_NONE && logits) {
@@ -741,14 +965,15 @@ static int cpu_forward(void *state, const struct strata_batch *b, float *logits,
         for (int t = first; t < n; t++)
             rms_norm(s->x + (size_t)t * E, s->out_norm, s->cur + (size_t)(t - first) * E, E,
                      hp->f_norm_rms_eps);
-        struct strata_mat wout = mat_of(&m->output, 0);
-        CHECK(strata_matmul(s->pool, &wout, s->cur, cnt, logits, err));
+        struct act_cache a;
+        act_init(&a, s->cur, E, cnt, s->aq8_0, s->aq8_k);
+        struct mm_task t1o = mm_task_of(s, &a, &m->output, 0, logits, hp->n_vocab);
+        mm_run(s, &t1o, 1);
     }
     PROF(PROF_OUT);
     s->prof_tok += n;
 #undef PROF
-out:
-    return rc;
+    return 0;
 }
 
 static int cpu_kv_rollback(void *state, int32_t n_past, struct strata_err *err)

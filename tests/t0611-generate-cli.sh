@@ -52,7 +52,7 @@ check "empty prompt: message" grep -q 'empty prompt' "$T/err"
 check "prompt longer than --ctx: exit 3" test $rc -eq 3
 check "prompt longer than --ctx: message" grep -q 'does not fit the context of 4 tokens' "$T/err"
 "$G" -m "$T/nonexistent.gguf" -p hi >/dev/null 2>"$T/err"; rc=$?
-check "missing model file: exit 3, named" bash -c "test $rc -eq 3 && grep -q nonexistent.gguf '$T/err'"
+check "missing model file: exit 1, named" bash -c "test $rc -eq 1 && grep -q nonexistent.gguf '$T/err'"
 perl -0777 -pe 's/blk\.0\.ffn_up\.weight/blk.0.ffn_xx.weight/' "$M" >"$T/notensor.gguf"
 "$G" -m "$T/notensor.gguf" -p hi >/dev/null 2>"$T/err"; rc=$?
 check "missing tensor: exit 3" test $rc -eq 3
