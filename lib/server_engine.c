@@ -547,8 +547,8 @@ static void outq_add(struct outq *q, const char *s, size_t n)
 
 /* Run one engine process until it exits.  Returns with it reaped; fills
  * status_text with how it ended. */
-static void run_engine(struct srv_engine *e, int in_fd, int out_fd, int err_fd,
-                       char *status_text, size_t cap)
+static int run_engine(struct srv_engine *e, int in_fd, int out_fd, int err_fd,
+                      char *status_text, size_t cap)
 {
     struct srv_model *m = e->model;
     struct srv *s = m->srv;
@@ -721,6 +721,7 @@ static void run_engine(struct srv_engine *e, int in_fd, int out_fd, int err_fd,
     strata_proto_reader_free(&rout);
     strata_proto_reader_free(&rerr);
     free(q.buf);
+    return status;
 }
 
 static void *engine_thread(void *arg)
@@ -737,12 +738,13 @@ static void *engine_thread(void *arg)
         pthread_mutex_unlock(&m->mu);
         double t0 = srv_now();
         char status[512] = "";
+        int wstatus = -1;
         if (spawn_engine(e, &in_fd, &out_fd, &err_fd, &err)) {
             snprintf(status, sizeof(status), "could not start: %.480s", err.msg);
         } else {
             strata_log_info("model '%s' engine %d: started %s (pid %d)", m->id, e->slot,
                             s->engine_path, (int)e->pid);
-            run_engine(e, in_fd, out_fd, err_fd, status, sizeof(status));
+            wstatus = run_engine(e, in_fd, out_fd, err_fd, status, sizeof(status));
         }
         char lines[2048];
         pthread_mutex_lock(&m->mu);
@@ -753,6 +755,8 @@ static void *engine_thread(void *arg)
         e->state = s->stopping ? SRV_ENGINE_STOPPED
                    : first     ? SRV_ENGINE_FAILED
                                : SRV_ENGINE_RESTARTING;
+        if (first)
+            e->fail_exit = wstatus >= 0 && WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : -1;
         if (first)
             snprintf(e->fail_msg, sizeof(e->fail_msg),
                      "engine for model '%s' %s before it was ready; last log lines: %s",
@@ -838,9 +842,13 @@ int srv_engines_wait_ready(struct srv *s, volatile sig_atomic_t *stop, struct st
                     failed = k;
             }
             if (failed >= 0) {
-                strata_err_set(err, STRATA_E_FORMAT, "%s", m->engines[failed].fail_msg);
+                /* the engine's exit status says what kind of failure it was */
+                int x = m->engines[failed].fail_exit;
+                int code = x == 2 ? STRATA_E_INVALID : x == 3 ? STRATA_E_FORMAT
+                           : x == 4 ? STRATA_E_GPU : x == 5 ? STRATA_E_NOMEM : STRATA_E_IO;
+                strata_err_set(err, code, "%s", m->engines[failed].fail_msg);
                 pthread_mutex_unlock(&m->mu);
-                return err ? err->code : STRATA_E_FORMAT;
+                return code;
             }
             if (ready == m->n_engines)
                 break;

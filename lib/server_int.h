@@ -88,6 +88,7 @@ struct srv_engine {
     char *log_ring[SRV_LOG_KEEP];   /* last stderr/log lines */
     int log_next;
     char fail_msg[4096];
+    int fail_exit;                  /* exit status of a failed first start, or -1 */
 };
 
 struct srv_model {

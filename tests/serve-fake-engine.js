@@ -6,7 +6,7 @@
 // below) in tokens of FAKE_TOKLEN bytes, FAKE_DELAY_MS apart, then ends with
 // "eos".  Faults: FAKE_EXIT_AFTER=N exits with status 3 after N tokens;
 // FAKE_HANG_AFTER=N goes silent after N tokens; FAKE_FAIL_LOAD=1 exits before
-// ready.  FAKE_PID_FILE: append the process id there.
+// ready; FAKE_HOLD_READY=FILE delays ready while FILE exists.
 'use strict';
 const fs = require('fs');
 
@@ -17,7 +17,6 @@ const delay = parseInt(env.FAKE_DELAY_MS || '0', 10);
 const exitAfter = env.FAKE_EXIT_AFTER ? parseInt(env.FAKE_EXIT_AFTER, 10) : -1;
 const hangAfter = env.FAKE_HANG_AFTER ? parseInt(env.FAKE_HANG_AFTER, 10) : -1;
 
-if (env.FAKE_PID_FILE) fs.appendFileSync(env.FAKE_PID_FILE, process.pid + '\n');
 
 function send(o) { process.stdout.write(JSON.stringify(o) + '\n'); }
 
@@ -28,11 +27,16 @@ if (env.FAKE_FAIL_LOAD) {
   process.exit(3);
 }
 send({ type: 'log', level: 'info', msg: 'loading 100%' });
-send({
+// FAKE_HOLD_READY=FILE: stay "loading" while FILE exists
+function ready() {
+  if (env.FAKE_HOLD_READY && fs.existsSync(env.FAKE_HOLD_READY)) return setTimeout(ready, 50);
+  send({
   type: 'ready', version: 1, model: 'fake', n_ctx: 4096, n_vocab: 256,
   chat_template: "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
   bos_token: '', eos_token: '<|im_end|>',
-});
+  });
+}
+ready();
 
 let cur = null;
 let hung = false;

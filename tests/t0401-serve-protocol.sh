@@ -5,7 +5,14 @@
 
 OUT='Hello world. This is STOP a test of the emergency broadcast system.'
 
-start_server --engine "$FAKE" -m "$TMP/tiny-model.gguf"
+# the scripted engine's ChatML template, plus a refusal as real templates have
+cat >"$TMP/tmpl.jinja" <<'EOF'
+{% for m in messages %}{% if m.role == 'bad' %}{{ raise_exception('role bad is not allowed here') }}{% endif %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}
+EOF
+start_server --engine "$FAKE" -m "$TMP/tiny-model.gguf" --chat-template "$TMP/tmpl.jinja"
 ok $? "server starts on a free port with a scripted engine"
 
 r=$(curl -s "$URL/health")
@@ -92,6 +99,9 @@ is "$(grep -c '"finish_reason":"stop"' "$TMP/sse")" "1" "exactly one chunk has f
 r=$(post /v1/chat/completions '{"messages":[]}')
 is "$(status) $(echo "$r" | jget 'o.error.type + " " + o.error.param')" \
     "400 invalid_request_error messages" "empty messages -> 400 naming 'messages'"
+r=$(post /v1/chat/completions '{"messages":[{"role":"bad","content":"x"}]}')
+is "$(status) $(echo "$r" | jget 'o.error.param + ": " + o.error.message')" \
+    "400 messages: role bad is not allowed here" "a template's raise_exception -> 400 with its message"
 r=$(post /v1/chat/completions '{"messages":[{"role":"user","content":"x"}')
 is "$(status) $(echo "$r" | jget 'o.error.type')" "400 invalid_request_error" "malformed JSON -> 400"
 r=$(post /v1/chat/completions '{"model":"nope","messages":[{"role":"user","content":"x"}]}')

@@ -14,7 +14,7 @@ grep -q "exited with status 3 before it was ready; last log lines: .*bad magic" 
 ok $? "... and reports the engine's exit status and last log lines"
 
 # the engine crashes after 3 tokens of every generation
-FAKE_EXIT_AFTER=3 start_server --engine "$FAKE" -m "$TMP/m.gguf"
+FAKE_EXIT_AFTER=3 FAKE_HOLD_READY=$TMP/hold start_server --engine "$FAKE" -m "$TMP/m.gguf"
 ok $? "server with a crashing engine starts"
 r=$(post /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}]}')
 is "$(status)" 500 "engine dies mid-generation -> the request fails (500)"
@@ -30,6 +30,20 @@ post /v1/chat/completions '{"messages":[{"role":"user","content":"hi"}],"stream"
 grep -q '^data: {"error":{"message":"the engine for model .m. exited with status 3' "$TMP/sse" &&
     tail -2 "$TMP/sse" | grep -q '^data: \[DONE\]$'
 ok $? "a stream whose engine dies ends with an error event and [DONE]"
+wait_health
+touch "$TMP/hold" # the next incarnation stays loading until this file goes
+post /v1/completions '{"prompt":"x"}' >/dev/null
+is "$(status)" 500 "the engine dies again"
+code=$(curl -s -o "$TMP/h" -w '%{http_code}' "$URL/health")
+is "$code $(jget 'o.status + " " + o.models[0].engine' <"$TMP/h")" "503 loading restarting" \
+    "/health while the engine restarts: 503, engine restarting"
+r=$(post /v1/chat/completions "$CHAT")
+is "$(status) $(echo "$r" | jget 'o.error.type')" "503 server_error" \
+    "a request while the model's engine is loading -> 503"
+rm -f "$TMP/hold"
+wait_health
+r=$(post /v1/chat/completions "$CHAT")
+is "$(status)" 200 "served once the engine is ready again"
 stop_server
 is "$SERVER_RC" 0 "clean exit after restarts"
 
