@@ -643,17 +643,19 @@ static int nearest_int(float v)
     return (int)lrintf(v);
 }
 
+/* As ggml's x86 quantize_row_q8_0: q = nearest-even(x * 127/amax), d = amax/127
+ * stored as f16.  (Its portable reference rounds half away from zero with
+ * 1/d; the x86 path is what llama.cpp runs here.) */
 static void quantize_q8_0(const float *x, struct strata_block_q8_0 *y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += 32, y++) {
         float amax = 0;
         for (int j = 0; j < 32; j++)
             amax = fmaxf(amax, fabsf(x[j]));
-        float d = amax / 127.f;
-        float id = d != 0.f ? 1.0f / d : 0.0f;
-        y->d = strata_f32_to_f16(d);
+        float id = amax != 0.f ? 127.f / amax : 0.0f;
+        y->d = strata_f32_to_f16(amax / 127.f);
         for (int j = 0; j < 32; j++)
-            y->qs[j] = (int8_t)roundf(x[j] * id);
+            y->qs[j] = (int8_t)nearest_int(x[j] * id);
     }
 }
 
@@ -690,6 +692,10 @@ static void quantize_q8_K(const float *x, struct strata_block_q8_K *y, int64_t n
 
 void strata_quant_quantize_act(uint32_t vec_type, const float *x, void *dst, int64_t n)
 {
+    if (vec_type != STRATA_TYPE_F32 && strata_quant_simd_level() >= STRATA_SIMD_AVX2) {
+        strata_quant_act_avx2(vec_type, x, dst, n);
+        return;
+    }
     switch (vec_type) {
     case STRATA_TYPE_Q8_0: quantize_q8_0(x, dst, n / 32); break;
     case STRATA_TYPE_Q8_K: quantize_q8_K(x, dst, n / 256); break;

@@ -156,9 +156,10 @@ uint32_t strata_quant_vec_dot_type(uint32_t type);
 size_t strata_quant_act_size(uint32_t vec_type, int64_t n);
 
 /* Quantise n float32 activations (n a multiple of the block size of vec_type)
- * into dst (strata_quant_act_size bytes) as ggml's quantize_row_q8_0 /
- * quantize_row_q8_K_ref do (Q8_0: d = amax/127, q = round(x/d); Q8_K:
- * d = max/-127 signed, q = nearest-even(x/d), bsums); F32 copies. */
+ * into dst (strata_quant_act_size bytes) as ggml's x86 quantize_row_q8_0 /
+ * quantize_row_q8_K do (Q8_0: d = amax/127, q = nearest-even(x * 127/amax);
+ * Q8_K: d = max/-127 signed, q = nearest-even(x/d), bsums); F32 copies.
+ * The result is the same at every SIMD level. */
 void strata_quant_quantize_act(uint32_t vec_type, const float *x, void *dst, int64_t n);
 
 /* Dot products of one weight row (n elements of `type`) with n_act activation

@@ -14,6 +14,10 @@ extern const strata_vec_dot_fn strata_quant_dot_scalar[STRATA_TYPE_COUNT];
 extern const strata_vec_dot_fn strata_quant_dot_avx2[STRATA_TYPE_COUNT];
 extern const strata_vec_dot_fn strata_quant_dot_avx512[STRATA_TYPE_COUNT];
 
+/* AVX2 activation quantisation (quant_avx2.c), bit-identical to the scalar
+ * code in quant.c; vec_type STRATA_TYPE_Q8_0 or STRATA_TYPE_Q8_K. */
+void strata_quant_act_avx2(uint32_t vec_type, const float *x, void *dst, int64_t n);
+
 /* 6-bit scale and min j (0..7) of a Q4_K/Q5_K block's 12 packed bytes. */
 static inline void strata_q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
 {

@@ -168,6 +168,48 @@ int main(int argc, char **argv)
         free(x);
         free(y);
     }
+    /* small shapes, as in a small model's layers: per-call cost dominates */
+    static const int64_t shapes[][2] = {{256, 256}, {256, 4096}, {2048, 2048}};
+    static const uint32_t stypes[] = {STRATA_TYPE_Q4_K, STRATA_TYPE_Q6_K, STRATA_TYPE_Q8_0,
+                                      STRATA_TYPE_IQ4_XS, STRATA_TYPE_F16};
+    static const int stoks[] = {1, 128};
+    printf("\n| type | ne0 x ne1 | n_tok | us per call | GMAC/s |\n|---|---|---|---|---|\n");
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        for (size_t ti = 0; ti < sizeof(stypes) / sizeof(stypes[0]); ti++) {
+            uint32_t type = stypes[ti];
+            int64_t ne0 = shapes[si][0], ne1 = shapes[si][1];
+            size_t row = strata_ggml_row_size(type, (uint64_t)ne0);
+            uint8_t *wd = malloc(row * (size_t)ne1);
+            float *x = malloc(sizeof(float) * (size_t)ne0 * 128);
+            float *y = malloc(sizeof(float) * (size_t)ne1 * 128);
+            if (!wd || !x || !y)
+                return 1;
+            for (int64_t r = 0; r < ne1; r++)
+                qt_random_blocks(type, wd + (size_t)r * row, ne0 / strata_ggml_blck_size(type));
+            for (int64_t i = 0; i < ne0 * 128; i++)
+                x[i] = qt_uniform();
+            struct strata_mat w = {type, ne0, ne1, row, wd};
+            for (size_t k = 0; k < sizeof(stoks) / sizeof(stoks[0]); k++) {
+                int nt = stoks[k];
+                int reps = (int)(2e8 / ((double)ne0 * (double)ne1 * nt)) + 3;
+                double best = 1e30;
+                for (int r = 0; r < 3; r++) {
+                    double t = now();
+                    for (int q = 0; q < reps; q++)
+                        strata_matmul_rows(pool, &w, x, nt, y, 0, ne1, level, &err);
+                    t = (now() - t) / reps;
+                    best = t < best ? t : best;
+                }
+                printf("| %s | %lldx%lld | %d | %.1f | %.1f |\n", strata_ggml_type_name(type),
+                       (long long)ne0, (long long)ne1, nt, best * 1e6,
+                       (double)ne0 * (double)ne1 * nt / best / 1e9);
+                fflush(stdout);
+            }
+            free(wd);
+            free(x);
+            free(y);
+        }
+    }
     strata_pool_free(pool);
     return 0;
 }

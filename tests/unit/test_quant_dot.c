@@ -110,6 +110,61 @@ static void test_act_quant(void)
     ok(k.d == 0 && k.qs[5] == 0 && k.bsums[3] == 0, "q8_K: zero block");
 }
 
+/* The library's activation quantisation (SIMD when the CPU has it) must be
+ * bitwise the scalar one: run this test under STRATA_SIMD=scalar and compare
+ * with a copy of the scalar rules here. */
+static void test_act_levels(void)
+{
+    int n = 256 * 5;
+    float *x = malloc(sizeof(float) * (size_t)n);
+    for (int i = 0; i < n; i++)
+        x[i] = qt_uniform() * (i % 97 == 0 ? 30.f : 1.f);
+    x[300] = 0.5f; /* exact half steps after scaling are likely somewhere below */
+    for (int i = 512; i < 768; i++)
+        x[i] = 0; /* a zero Q8_K block */
+    struct strata_block_q8_K k[5];
+    struct strata_block_q8_0 q[40];
+    strata_quant_quantize_act(STRATA_TYPE_Q8_K, x, k, n);
+    strata_quant_quantize_act(STRATA_TYPE_Q8_0, x, q, n);
+    int bad_k = -1, bad_0 = -1;
+    for (int b = 0; b < 5 && bad_k < 0; b++) {
+        const float *xb = x + 256 * b;
+        float max = 0, amax = 0;
+        for (int j = 0; j < 256; j++)
+            if (fabsf(xb[j]) > amax) {
+                amax = fabsf(xb[j]);
+                max = xb[j];
+            }
+        float iscale = amax != 0 ? -127.f / max : 0;
+        for (int j = 0; j < 256; j++) {
+            long v = amax != 0 ? lrintf(iscale * xb[j]) : 0;
+            if (v > 127)
+                v = 127;
+            if (k[b].qs[j] != v)
+                bad_k = 256 * b + j;
+        }
+        if (amax != 0 && k[b].d != 1.f / iscale)
+            bad_k = 256 * b;
+    }
+    for (int b = 0; b < 40 && bad_0 < 0; b++) {
+        const float *xb = x + 32 * b;
+        float amax = 0;
+        for (int j = 0; j < 32; j++)
+            amax = fmaxf(amax, fabsf(xb[j]));
+        float id = amax != 0 ? 127.f / amax : 0;
+        for (int j = 0; j < 32; j++)
+            if (q[b].qs[j] != lrintf(xb[j] * id))
+                bad_0 = 32 * b + j;
+        if (q[b].d != strata_f32_to_f16(amax / 127.f))
+            bad_0 = 32 * b;
+    }
+    ok(bad_k < 0, "q8_K activations (%s) follow the scalar rules bit for bit (first bad %d)",
+       strata_quant_simd_name(strata_quant_simd_level()), bad_k);
+    ok(bad_0 < 0, "q8_0 activations (%s) follow the scalar rules bit for bit (first bad %d)",
+       strata_quant_simd_name(strata_quant_simd_level()), bad_0);
+    free(x);
+}
+
 static void test_f16(void)
 {
     int bad = -1;
@@ -138,6 +193,7 @@ int main(void)
          strata_quant_simd_name(strata_quant_simd_level()));
     test_f16();
     test_act_quant();
+    test_act_levels();
     for (size_t i = 0; i < QT_N_TYPES; i++)
         test_type(qt_types[i], max_level);
     ok(strata_quant_vec_dot_fn(STRATA_TYPE_Q8_1, 0) == NULL &&
