@@ -101,9 +101,8 @@ int strata_matmul_q(struct strata_pool *pool, const struct strata_mat *w, const 
         return STRATA_OK;
     if (simd_level < 0)
         simd_level = strata_quant_simd_level();
-    struct mm_job *j = calloc(1, sizeof(*j)); /* atomic member: keep it off the stack frame */
-    if (!j)
-        return strata_err_set(err, STRATA_E_NOMEM, "matmul: out of memory");
+    struct mm_job job, *j = &job;
+    memset(j, 0, sizeof(*j));
     j->dot = strata_quant_vec_dot_fn(w->type, simd_level);
     j->w = w;
     j->row_bytes = strata_ggml_row_size(w->type, (uint64_t)w->ne0);
@@ -123,7 +122,6 @@ int strata_matmul_q(struct strata_pool *pool, const struct strata_mat *w, const 
     j->n_chunks = (rows + chunk - 1) / chunk;
     atomic_init(&j->next, 0);
     strata_pool_run(nth > 1 && j->n_chunks > 1 ? pool : NULL, mm_worker, j);
-    free(j);
     return STRATA_OK;
 }
 
@@ -155,14 +153,19 @@ int strata_matmul_rows(struct strata_pool *pool, const struct strata_mat *w, con
         return strata_matmul_q(pool, w, x, (size_t)w->ne0 * 4, n_tok, y, r0, r1, simd_level,
                                err);
     size_t act_row = strata_quant_act_size(vt, w->ne0);
-    char *act = malloc(act_row * (size_t)n_tok);
+    /* decoding calls this hundreds of times per token: small activations
+     * live on the stack */
+    _Alignas(64) char small[16384];
+    char *act = act_row * (size_t)n_tok <= sizeof(small) ? small
+                                                        : malloc(act_row * (size_t)n_tok);
     if (!act)
         return strata_err_set(err, STRATA_E_NOMEM, "matmul: out of memory for %lld activations",
                               (long long)n_tok);
     struct qa_job q = {vt, x, w->ne0, n_tok, act, act_row};
     strata_pool_run(n_tok > 1 ? pool : NULL, qa_worker, &q);
     rc = strata_matmul_q(pool, w, act, act_row, n_tok, y, r0, r1, simd_level, err);
-    free(act);
+    if (act != small)
+        free(act);
     return rc;
 }
 
