@@ -68,6 +68,7 @@ static float silu(float x)
 /* ------------------------------------------------------------------------ */
 /* CPU backend                                                              */
 
+#define ATTN_MAX_GQA 64    /* query heads per kv head */
 #define MM_TILE 32          /* tokens per kernel call */
 #define MM_CHUNK_ROWS 16    /* rows per work item */
 #define MM_INLINE_MACS (1 << 15) /* smaller jobs run on the calling thread */
@@ -346,7 +347,13 @@ static int cpu_init(void **state, const struct strata_model *m,
         ALLOC(s->router, T * X); ALLOC(s->sel, T * K); ALLOC(s->selw, T * K);
         ALLOC(s->elist, T * K); ALLOC(s->inv, T * K); ALLOC(s->ecount, X + 1);
     }
-    ALLOC(s->scores, (size_t)s->n_threads * s->n_ctx);
+    if (hp->n_head / hp->n_head_kv > ATTN_MAX_GQA) {
+        rc = strata_err_set(err, STRATA_E_UNSUPPORTED, "head_count / head_count_kv = %u: at most "
+                            "%d query heads per kv head are supported",
+                            hp->n_head / hp->n_head_kv, ATTN_MAX_GQA);
+        goto out;
+    }
+    ALLOC(s->scores, (size_t)s->n_threads * s->n_ctx * (hp->n_head / hp->n_head_kv));
     *state = s;
     s = NULL;
 out:
@@ -611,50 +618,136 @@ struct attn_job {
     int il, n_tok, pos0;
 };
 
-/* One (token, head) per work item; every item reads keys and values from
- * the cache only, so its result does not depend on the batch it is in. */
+/* One (token, kv head) per work item: the gqa query heads that share a kv
+ * head are scored together, so each key and value row is converted once.
+ * Every item reads keys and values from the cache only, so its result does
+ * not depend on the batch it is in. */
+#ifdef HAVE_X86
+/* AVX2 item for head sizes that are multiples of 8 with an f16 cache. */
+__attribute__((target("avx2,fma,f16c")))
+static void attn_item_avx2_f16(const float *q, int G, int hk, int hv, int n_pos,
+                               const uint16_t *kc, size_t krow, const uint16_t *vc,
+                               size_t vrow, float scale, float *sc, float *o, size_t ostride)
+{
+    float mx[ATTN_MAX_GQA], sum[ATTN_MAX_GQA];
+    for (int g = 0; g < G; g++)
+        mx[g] = -INFINITY;
+    for (int p = 0; p < n_pos; p++) {
+        const uint16_t *kp = kc + (size_t)p * krow;
+        for (int g = 0; g < G; g++) {
+            const float *qg = q + (size_t)g * hk;
+            __m256 acc = _mm256_setzero_ps();
+            for (int i = 0; i < hk; i += 8)
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i),
+                                      _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kp + i))),
+                                      acc);
+            __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+            lo = _mm_hadd_ps(lo, lo);
+            lo = _mm_hadd_ps(lo, lo);
+            float v = _mm_cvtss_f32(lo) * scale;
+            sc[(size_t)g * n_pos + p] = v;
+            if (v > mx[g])
+                mx[g] = v;
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        float *sg = sc + (size_t)g * n_pos, sm = 0;
+        for (int p = 0; p < n_pos; p++) {
+            sg[p] = expf(sg[p] - mx[g]);
+            sm += sg[p];
+        }
+        sum[g] = sm;
+        memset(o + (size_t)g * ostride, 0, sizeof(float) * hv);
+    }
+    for (int p = 0; p < n_pos; p++) {
+        const uint16_t *vp = vc + (size_t)p * vrow;
+        for (int i = 0; i < hv; i += 8) {
+            __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vp + i)));
+            for (int g = 0; g < G; g++) {
+                float *og = o + (size_t)g * ostride + i;
+                _mm256_storeu_ps(og, _mm256_fmadd_ps(_mm256_set1_ps(sc[(size_t)g * n_pos + p]),
+                                                     vv, _mm256_loadu_ps(og)));
+            }
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        const float inv = 1.0f / sum[g];
+        for (int d = 0; d < hv; d++)
+            o[(size_t)g * ostride + d] *= inv;
+    }
+}
+#endif
+
+/* Portable item (any head size, f16 or f32 cache). */
+static void attn_item(const struct cpu_state *s, int simd, const float *q, int G, int hk,
+                      int hv, int n_pos, const char *kc, size_t krow, const char *vc,
+                      size_t vrow, float scale, float *sc, float *o, size_t ostride)
+{
+    float mx[ATTN_MAX_GQA], sum[ATTN_MAX_GQA];
+    for (int g = 0; g < G; g++)
+        mx[g] = -INFINITY;
+    for (int p = 0; p < n_pos; p++) {
+        const void *kp = kc + (size_t)p * krow;
+        for (int g = 0; g < G; g++) {
+            float v = kv_dot(simd, s->kv_f16, q + (size_t)g * hk, kp, hk) * scale;
+            sc[(size_t)g * n_pos + p] = v;
+            if (v > mx[g])
+                mx[g] = v;
+        }
+    }
+    for (int g = 0; g < G; g++) {
+        float *sg = sc + (size_t)g * n_pos, sm = 0;
+        for (int p = 0; p < n_pos; p++) {
+            sg[p] = expf(sg[p] - mx[g]);
+            sm += sg[p];
+        }
+        sum[g] = sm;
+        memset(o + (size_t)g * ostride, 0, sizeof(float) * hv);
+    }
+    for (int p = 0; p < n_pos; p++) {
+        const void *vp = vc + (size_t)p * vrow;
+        for (int g = 0; g < G; g++)
+            kv_axpy(simd, s->kv_f16, o + (size_t)g * ostride, sc[(size_t)g * n_pos + p], vp, hv);
+    }
+    for (int g = 0; g < G; g++) {
+        const float inv = 1.0f / sum[g];
+        for (int d = 0; d < hv; d++)
+            o[(size_t)g * ostride + d] *= inv;
+    }
+}
+
 static void attn_worker(void *ctx, int ith, int nth)
 {
     struct attn_job *j = ctx;
     struct cpu_state *s = j->s;
     const struct strata_hparams *hp = &s->m->hp;
-    const int nh = (int)hp->n_head, hk = (int)hp->n_embd_head_k, hv = (int)hp->n_embd_head_v;
-    const int gqa = (int)(hp->n_head / hp->n_head_kv);
+    const int nh = (int)hp->n_head, nhk = (int)hp->n_head_kv;
+    const int hk = (int)hp->n_embd_head_k, hv = (int)hp->n_embd_head_v;
+    const int G = nh / nhk;
     const int64_t qd = (int64_t)nh * hk, od = (int64_t)nh * hv;
     const float scale = 1.0f / sqrtf((float)hk);
     const int simd = strata_quant_simd_level();
-    float *sc = s->scores + (size_t)ith * s->n_ctx;
+    float *sc = s->scores + (size_t)ith * s->n_ctx * G;
     const char *kc = s->k_cache[j->il], *vc = s->v_cache[j->il];
     const size_t krow = (size_t)s->n_kv_k * s->kv_elt, vrow = (size_t)s->n_kv_v * s->kv_elt;
-    const int n_items = j->n_tok * nh;
+    const int n_items = j->n_tok * nhk;
     const int per = (n_items + nth - 1) / nth;
     const int i0 = ith * per, i1 = i0 + per < n_items ? i0 + per : n_items;
     for (int it = i0; it < i1; it++) {
-        const int t = it / nh, h = it % nh, hkv = h / gqa;
+        const int t = it / nhk, hkv = it % nhk;
         const int n_pos = j->pos0 + t + 1;
-        const float *q = s->q + (size_t)t * qd + (size_t)h * hk;
-        float mx = -INFINITY;
-        for (int p = 0; p < n_pos; p++) {
-            const void *kp = kc + (size_t)p * krow + (size_t)hkv * hk * s->kv_elt;
-            float v = kv_dot(simd, s->kv_f16, q, kp, hk) * scale;
-            sc[p] = v;
-            if (v > mx)
-                mx = v;
+        const float *q = s->q + (size_t)t * qd + (size_t)hkv * G * hk;
+        float *o = s->att + (size_t)t * od + (size_t)hkv * G * hv;
+        const char *kb = kc + (size_t)hkv * hk * s->kv_elt;
+        const char *vb = vc + (size_t)hkv * hv * s->kv_elt;
+#ifdef HAVE_X86
+        if (simd >= STRATA_SIMD_AVX2 && s->kv_f16 && hk % 8 == 0 && hv % 8 == 0) {
+            attn_item_avx2_f16(q, G, hk, hv, n_pos, (const uint16_t *)kb, krow / 2,
+                               (const uint16_t *)vb, vrow / 2, scale, sc, o, (size_t)hv);
+            continue;
         }
-        float sum = 0;
-        for (int p = 0; p < n_pos; p++) {
-            sc[p] = expf(sc[p] - mx);
-            sum += sc[p];
-        }
-        float *o = s->att + (size_t)t * od + (size_t)h * hv;
-        memset(o, 0, sizeof(float) * hv);
-        for (int p = 0; p < n_pos; p++) {
-            const void *vp = vc + (size_t)p * vrow + (size_t)hkv * hv * s->kv_elt;
-            kv_axpy(simd, s->kv_f16, o, sc[p], vp, hv);
-        }
-        const float inv = 1.0f / sum;
-        for (int d = 0; d < hv; d++)
-            o[d] *= inv;
+#endif
+        attn_item(s, simd, q, G, hk, hv, n_pos, kb, krow, vb, vrow, scale, sc, o, (size_t)hv);
     }
 }
 
