@@ -557,7 +557,7 @@ static int run_engine(struct srv_engine *e, int in_fd, int out_fd, int err_fd,
     struct outq q = {0};
     strata_proto_reader_init(&rout, out_fd);
     strata_proto_reader_init(&rerr, err_fd);
-    double t_spawn = srv_now(), last = t_spawn, shutdown_at = 0;
+    double t_spawn = srv_now(), last = t_spawn, shutdown_at = 0, progress_at = t_spawn;
     int cancel_sent = 0, shutdown_sent = 0, killed = 0;
     struct srv_job *sent_for = NULL;
     char why[256] = "";
@@ -679,6 +679,11 @@ static int run_engine(struct srv_engine *e, int in_fd, int out_fd, int err_fd,
         pthread_mutex_lock(&m->mu);
         int busy = e->cur != NULL, starting = e->state == SRV_ENGINE_STARTING;
         pthread_mutex_unlock(&m->mu);
+        if (starting && now - progress_at >= 5.0) {
+            strata_log_info("model '%s' engine %d: still loading (%.0f s)", m->id, e->slot,
+                            now - t_spawn);
+            progress_at = now;
+        }
         double limit = starting ? o->load_timeout_s : o->watchdog_s;
         if (!killed && (busy || starting) && now - last > limit) {
             snprintf(why, sizeof(why), "silent for %.0f s (watchdog)", now - last);

@@ -31,7 +31,6 @@ struct srv_stream {
     /* request */
     int chat;
     int parse;             /* parse the output with the template's format */
-    int hold_all;          /* tools offered: stream the parsed result at the end */
     unsigned parse_flags;
     int fmt;
     char *stop[MAX_STOP];
@@ -638,8 +637,10 @@ static void produce(struct srv_stream *st)
             }
             st->released = end;
         }
-    } else if (!st->hold_all && !st->finished) {
-        /* markup begins with '<' in every known format: parse up to the last one */
+    } else if (!st->finished) {
+        /* Markup begins with '<' in every known format: parse up to the last one,
+         * send content and reasoning that only grew; a tool call still open
+         * fails to parse and waits.  Tool calls go out when the text is final. */
         size_t upto = end;
         for (size_t i = end; i > 0; i--)
             if (st->text[i - 1] == '<') {
@@ -1037,7 +1038,6 @@ void srv_openai_chat(struct srv *s, const char *body, size_t len, struct srv_htt
     }
     st->fmt = (int)strata_chat_get_format(chat);
     st->parse = st->fmt != STRATA_CHAT_FORMAT_PLAIN;
-    st->hold_all = st->parse && tools_on;
     if (strata_chat_prompt_opens_reasoning(prompt, plen))
         st->parse_flags |= STRATA_CHAT_PARSE_IN_REASONING;
     cJSON_AddStringToObject(gen, "prompt", prompt);

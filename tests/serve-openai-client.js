@@ -61,11 +61,15 @@ async function main() {
     id: call?.id,
   };
 
+  // content before a call: streamed as it comes, the call when complete
+  fs.writeFileSync(forceFile, 'I will look it up.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>');
+  const tn = await client.chat.completions.create({ model, messages: ask, tools });
   const ts = await client.chat.completions.create({ model, messages: ask, tools, stream: true });
   const acc = {};
-  let tfinish = null;
+  let tfinish = null, tcontent = '';
   for await (const ch of ts) {
     for (const choice of ch.choices) {
+      tcontent += choice.delta?.content ?? '';
       for (const d of choice.delta?.tool_calls ?? []) {
         acc[d.index] ??= { name: '', arguments: '' };
         if (d.function?.name) acc[d.index].name += d.function.name;
@@ -74,6 +78,8 @@ async function main() {
       if (choice.finish_reason) tfinish = choice.finish_reason;
     }
   }
+  out.tool_content = { stream: tcontent, whole: tn.choices[0].message.content,
+                       calls: tn.choices[0].message.tool_calls?.length };
   out.tool_stream = { finish: tfinish, calls: Object.values(acc).map((x) => ({ name: x.name, arguments: JSON.parse(x.arguments) })) };
 
   fs.writeFileSync(forceFile, 'It is sunny in Paris.');

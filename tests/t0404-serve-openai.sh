@@ -55,6 +55,8 @@ is "$(r 'JSON.stringify(o.tool_call)')" \
 is "$(r 'JSON.stringify(o.tool_stream)')" \
     '{"finish":"tool_calls","calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]}' \
     "tools, streamed: tool_calls deltas"
+is "$(r 'JSON.stringify(o.tool_content)')" '{"stream":"I will look it up.","whole":"I will look it up.","calls":1}' \
+    "tools: content before a call, streamed and whole alike"
 is "$(r 'JSON.stringify(o.tool_answer)')" '{"content":"It is sunny in Paris.","finish":"stop"}' \
     "tools: the tool result goes back through the template and the answer is content"
 is "$(r 'JSON.stringify(o.not_found)')" '{"status":404,"code":"model_not_found"}' "unknown model -> NotFoundError"
