@@ -485,6 +485,13 @@ int strata_vocab_load(struct strata_vocab **out, const struct strata_gguf *g,
         if (id >= 0 && id != v->eos && id != v->eot)
             v->eog[id] = 0;
     }
+    /* gpt-oss (harmony): <|end|> closes a message, not the generation, when
+     * <|return|> and <|call|> exist */
+    if (vocab_lookup(v, "<|return|>", 10) >= 0 && vocab_lookup(v, "<|call|>", 8) >= 0) {
+        int32_t id = vocab_lookup(v, "<|end|>", 7);
+        if (id >= 0 && id != v->eos && id != v->eot)
+            v->eog[id] = 0;
+    }
     if (v->eot < 0) {
         int32_t id = vocab_lookup(v, "<|im_end|>", 10);
         if (id < 0)

@@ -508,6 +508,19 @@ static void test_synthetic(void)
            strata_vocab_bos(m.v) == -1,
        "glm4 has no BOS");
     close_model(&m);
+    {
+        static const char *harmony[] = { "<|end|>", "<|return|>", "<|call|>", "<|im_end|>" };
+        static const int32_t ctl[] = { 3, 3, 3, 3 };
+        ok(make_bpe(&m, "gpt2", "gpt-4o", harmony, ctl, 4, merges, 3, -1, &err) == 0 &&
+               !strata_vocab_is_eog(m.v, 256) && strata_vocab_is_eog(m.v, 257) &&
+               strata_vocab_is_eog(m.v, 258) && strata_vocab_is_eog(m.v, 259),
+           "harmony vocabulary: <|return|> and <|call|> end generation, <|end|> does not");
+        close_model(&m);
+        ok(make_bpe(&m, "gpt2", "gpt-4o", harmony, ctl, 1, merges, 3, -1, &err) == 0 &&
+               strata_vocab_is_eog(m.v, 256),
+           "without <|return|>, <|end|> ends generation");
+        close_model(&m);
+    }
     ok(make_bpe(&m, "gpt2", "no-such-pre", extra, types, 5, merges, 3, -1, &err) ==
                STRATA_E_UNSUPPORTED && strstr(err.msg, "'no-such-pre'"),
        "an unknown pre-tokenizer is an error naming it: %s", err.msg);
