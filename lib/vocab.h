@@ -10,7 +10,7 @@
  *   pre                  the pre-tokenizer of a gpt2 vocabulary: default,
  *                        gpt-2, llama-bpe, qwen2, deepseek-llm, deepseek-coder,
  *                        deepseek-v3, falcon, starcoder, refact, mpt, gpt-4o,
- *                        kimi-k2, glm4 (and aliases, see vocab.c); each is the
+ *                        kimi-k2, glm4 (and aliases, see vocab_bpe.c); each is the
  *                        regex sequence of the model's tokenizer.json, run with
  *                        PCRE2 (UTF, UCP, JIT).  An unknown name is an error
  *                        naming it.
@@ -105,7 +105,8 @@ int strata_vocab_add_eos(const struct strata_vocab *v);
 
 /* End of generation: eos, eot, eom, and control tokens whose text is one of
  * the usual end markers (<|im_end|>, <|endoftext|>, <|eot_id|>, <|eom_id|>,
- * <|end|>, <|return|>, <|call|>, <end_of_turn>, <｜end▁of▁sentence｜>, ...).
+ * <|end|>, <|return|>, <|call|>, <end_of_turn>, <｜end▁of▁sentence｜>, ...);
+ * <|end|> is not one where <|return|> and <|call|> exist (gpt-oss).
  * 0 for ids out of range. */
 int strata_vocab_is_eog(const struct strata_vocab *v, int32_t id);
 
