@@ -37,6 +37,9 @@ static const char usage_text[] =
     "      --prompt-ids LIST   prompt as comma-separated token ids\n"
     "  -n, --n-predict N       tokens to generate (default -1: until EOS or ctx full)\n"
     "      --echo              print the prompt before the continuation\n"
+    "      --chat              the prompt is a user message: render it with the\n"
+    "                          model's chat template (or --chat-template FILE)\n"
+    "      --system TEXT       --chat with a system message first\n"
     "      --json              one JSON object per line: each token, then a summary\n"
     "      --temp T            temperature (default 0.8; 0 = greedy)\n"
     "      --top-k K           top-k (default 40; <= 0 disables)\n"
@@ -88,6 +91,9 @@ struct opts {
     int add_bos, no_special;
     int serve_stdio;
     const char *render_chat, *chat_template;
+    int chat;                      /* --chat: the prompt is a user message */
+    const char *system;            /* --system TEXT */
+    const struct strata_gguf *gguf; /* the open model, for --chat */
     const char *stop[MAX_STOP];
     size_t n_stop;
     struct strata_gen_params gp;
@@ -209,6 +215,50 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n)
     return 0;
 }
 
+/* --chat: render {system?, user: text} with the model's chat template (or
+ * --chat-template FILE) and an open assistant turn; *out is malloc'ed. */
+static int chat_prompt(const struct opts *o, const char *text, size_t len, char **out,
+                       size_t *out_len, struct strata_err *err)
+{
+    struct strata_chat *chat = NULL;
+    char *tmpl = NULL, *user = NULL;
+    size_t tmpl_n = 0;
+    cJSON *req = NULL, *msgs, *m;
+    int rc;
+    if (o->chat_template && read_file(o->chat_template, &tmpl, &tmpl_n))
+        return strata_err_set(err, STRATA_E_IO, "cannot read '%s'", o->chat_template);
+    if ((rc = strata_chat_create_gguf(&chat, o->gguf, tmpl, tmpl_n, err)))
+        goto out;
+    user = malloc(len + 1);
+    req = cJSON_CreateObject();
+    msgs = req ? cJSON_AddArrayToObject(req, "messages") : NULL;
+    if (!user || !msgs) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    memcpy(user, text, len);
+    user[len] = 0;
+    if (o->system) {
+        m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "system");
+        cJSON_AddStringToObject(m, "content", o->system);
+        cJSON_AddItemToArray(msgs, m);
+    }
+    m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", "user");
+    cJSON_AddStringToObject(m, "content", user);
+    cJSON_AddItemToArray(msgs, m);
+    cJSON_AddBoolToObject(req, "add_generation_prompt", 1);
+    if ((rc = strata_chat_render(chat, req, NULL, out, out_len, err)))
+        strata_err_wrap(err, "chat template error");
+out:
+    cJSON_Delete(req);
+    free(user);
+    free(tmpl);
+    strata_chat_free(chat);
+    return rc;
+}
+
 /* The prompt's token ids from --prompt-ids, -p, -f or stdin. */
 static int get_prompt(const struct opts *o, const struct strata_vocab *v, int32_t **ids,
                       size_t *n_ids, struct strata_err *err)
@@ -244,7 +294,23 @@ static int get_prompt(const struct opts *o, const struct strata_vocab *v, int32_
         return strata_err_set(err, STRATA_E_FORMAT, "empty prompt (give -p TEXT, -f FILE or "
                               "text on stdin)");
     }
-    rc = strata_vocab_tokenize(v, text, len, strata_vocab_add_bos(v), 1, ids, n_ids, err);
+    int add_bos = strata_vocab_add_bos(v);
+    if (o->chat) {
+        char *rendered = NULL;
+        size_t rn = 0;
+        rc = chat_prompt(o, text, len, &rendered, &rn, err);
+        free(text);
+        if (rc)
+            return rc;
+        text = rendered;
+        len = rn;
+        /* a template that writes the BOS text itself must not get a second one */
+        int32_t bos = strata_vocab_bos(v);
+        const char *bt = bos >= 0 ? strata_vocab_token_text(v, bos) : NULL;
+        if (bt && *bt && strncmp(text, bt, strlen(bt)) == 0)
+            add_bos = 0;
+    }
+    rc = strata_vocab_tokenize(v, text, len, add_bos, 1, ids, n_ids, err);
     free(text);
     return rc;
 }
@@ -666,7 +732,7 @@ enum {
     OPT_BACKEND, OPT_PPL, OPT_CHUNKS, OPT_DUMP, OPT_IDS, OPT_BENCH,
     OPT_TOKENIZE, OPT_DETOKENIZE, OPT_ADD_BOS, OPT_NO_SPECIAL,
     OPT_SERVE_STDIO,
-    OPT_RENDER_CHAT, OPT_CHAT_TEMPLATE,
+    OPT_RENDER_CHAT, OPT_CHAT_TEMPLATE, OPT_CHAT, OPT_SYSTEM,
 };
 
 /* ---- mode: tokenize / detokenize (needs only the vocabulary) ---- */
@@ -840,6 +906,8 @@ int main(int argc, char **argv)
         {"serve-stdio", no_argument, NULL, OPT_SERVE_STDIO},
         {"render-chat", required_argument, NULL, OPT_RENDER_CHAT},
         {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
+        {"chat", no_argument, NULL, OPT_CHAT},
+        {"system", required_argument, NULL, OPT_SYSTEM},
         {"verbose", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -925,6 +993,8 @@ int main(int argc, char **argv)
         case OPT_NO_SPECIAL: o.no_special = 1; break;
         case OPT_SERVE_STDIO: o.serve_stdio = 1; break;
         case OPT_RENDER_CHAT: o.render_chat = optarg; break;
+        case OPT_CHAT: o.chat = 1; break;
+        case OPT_SYSTEM: o.system = optarg; o.chat = 1; break;
         case OPT_CHAT_TEMPLATE: o.chat_template = optarg; break;
         case 'v': o.verbose = 1; break;
         case 'h': fputs(usage_text, stdout); return STRATA_EXIT_OK;
@@ -967,6 +1037,7 @@ int main(int argc, char **argv)
         ret = o.tokenize ? run_tokenize(&o, v) : run_detokenize(&o, v);
         goto out;
     }
+    o.gguf = g;
     if (strata_engine_open_gguf(&e, g, &o.eo, &err)) {
         strata_err_wrap(&err, "'%s': ", o.model);
         ret = fail(&err);

@@ -64,6 +64,15 @@ check "missing key: named" grep -q "required key 'llama.embedding_length' not fo
 "$G" -m "$M" -p hi --backend cuda >/dev/null 2>"$T/err"; rc=$?
 check "--backend cuda on a cpu build: exit 3, says so" bash -c "test $rc -eq 3 && grep -q \"backend 'cuda'\" '$T/err'"
 
+# --chat: the prompt goes through the model's chat template (ChatML here)
+C="$STRATA_ROOT/tests/data/tinycoder-moe-Q4_K_M.gguf"
+"$G" -m "$C" --chat --system "Be brief." -p "hi" -n 0 --echo -t 2 >"$T/chat"; rc=$?
+check "--chat: exit 0" test $rc -eq 0
+check "--chat: system and user turns rendered" bash -c "grep -qx 'system' '$T/chat' && grep -qx 'Be brief.' '$T/chat' && grep -qx 'user' '$T/chat' && grep -qx 'assistant' '$T/chat'"
+np_chat=$("$G" -m "$C" --chat -p "hi" -n 0 --json | grep -o '"n_prompt":[0-9]*' | cut -d: -f2)
+np_raw=$("$G" -m "$C" -p "hi" -n 0 --json | grep -o '"n_prompt":[0-9]*' | cut -d: -f2)
+check "--chat: the rendered prompt is longer ($np_chat > $np_raw tokens)" test "${np_chat:-0}" -gt "${np_raw:-0}"
+
 # --dump-logits: n_prompt x n_vocab float32
 "$G" -m "$M" -p "Once upon a time" --dump-logits "$T/l.f32" -t 2; rc=$?
 n=$("$G" -m "$M" -p "Once upon a time" -n 0 --json | grep -o '"n_prompt":[0-9]*' | cut -d: -f2)
