@@ -759,7 +759,7 @@ int vocab_bpe_tokenize(const struct strata_vocab *v, const char *text, size_t le
             a = b;
             b = t;
         }
-        if (kind != VOCAB_STEP_SPLIT && i + 1 < v->pre->n_steps) {
+        if (kind != VOCAB_STEP_SPLIT && i + 1 < v->pre->n_steps && !mapped_mode) {
             /* later steps see the byte-level characters: map the text and
              * keep both directions of the offset correspondence */
             mapped = malloc(2 * len + 1);
