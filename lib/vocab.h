@@ -15,7 +15,7 @@
  *                        PCRE2 (UTF, UCP, JIT).  An unknown name is an error
  *                        naming it.
  *   tokens, scores, token_type, merges,
- *   bos/eos/eot/eom/unknown/padding/seperator_token_id, add_bos_token,
+ *   bos/eos/eot/eom/unknown/padding_token_id, add_bos_token,
  *   add_eos_token, add_space_prefix
  *
  * Input text must be UTF-8.  Invalid UTF-8 is not an error: each maximal
