@@ -2040,9 +2040,9 @@ static int case_map(struct ctx *c, const struct node *at, const struct val *s, i
         switch (mode) {
         case 0: m = utf8proc_tolower(cp); break;
         case 1: m = utf8proc_toupper(cp); break;
-        case 2: m = first ? utf8proc_toupper(cp) : utf8proc_tolower(cp); break;
+        case 2: m = first ? utf8proc_totitle(cp) : utf8proc_tolower(cp); break;
         case 3:
-            m = prev_cased ? utf8proc_tolower(cp) : utf8proc_toupper(cp);
+            m = prev_cased ? utf8proc_tolower(cp) : utf8proc_totitle(cp);
             prev_cased = py_isalpha(cp);
             break;
         case 4:
@@ -3532,8 +3532,10 @@ static int apply_test(struct ctx *c, const struct node *at, const char *name,
             r = m.n == v->n && memcmp(m.u.s, v->u.s, v->n) == 0;
         }
     } else if (!strcmp(name, "sameas")) {
-        r = x && v->t == x->t && (v->t == V_NONE || v->t == V_UNDEF || (v->t == V_BOOL && v->u.i == x->u.i)
-                                  || (v->t >= V_LIST && val_eq(v, x)));
+        /* identity: singletons, small ints and the same container */
+        r = x && v->t == x->t
+            && (v->t == V_NONE || v->t == V_UNDEF || ((v->t == V_BOOL || v->t == V_INT) && v->u.i == x->u.i)
+                || (v->t >= V_LIST && v->t != V_STR && val_eq(v, x)));
     } else if (!strcmp(name, "escaped")) {
         r = 0;
     } else if (!strcmp(name, "in")) {
@@ -4049,13 +4051,39 @@ static int apply_filter(struct ctx *c, struct scope *sc, const struct node *at, 
         *out = mkint(k);
         return 0;
     }
+    if (!strcmp(name, "batch")) {
+        const struct val *cnt = arg(a, 0, "linecount"), *fill = arg(a, 1, "fill_with");
+        struct list *l;
+        if (!cnt || cnt->t != V_INT || cnt->u.i <= 0)
+            return rt_fail(c, at, STRATA_E_INVALID, "batch needs a positive count");
+        if ((rc = iterate(c, at, v, &l)) || (rc = mklist(c, at, 0, out)))
+            return rc;
+        struct val cur = { .t = V_UNDEF };
+        for (size_t i = 0; i < l->n; i++) {
+            if (cur.t == V_UNDEF && (rc = mklist(c, at, (size_t)cnt->u.i, &cur)))
+                return rc;
+            cur.u.l->v[cur.u.l->n++] = l->v[i];
+            if ((int64_t)cur.u.l->n == cnt->u.i) {
+                if ((rc = list_push(c, at, out->u.l, cur)))
+                    return rc;
+                cur.t = V_UNDEF;
+            }
+        }
+        if (cur.t == V_LIST) {
+            while (fill && fill->t != V_NONE && (int64_t)cur.u.l->n < cnt->u.i)
+                cur.u.l->v[cur.u.l->n++] = *fill;
+            if ((rc = list_push(c, at, out->u.l, cur)))
+                return rc;
+        }
+        return 0;
+    }
     if (!strcmp(name, "attr")) {
         if (!a0 || a0->t != V_STR)
             return rt_fail(c, at, STRATA_E_INVALID, "attr needs a name");
         return get_attr(c, at, v, a0->u.s, out);
     }
     if (!strcmp(name, "center") || !strcmp(name, "format") || !strcmp(name, "truncate")
-        || !strcmp(name, "batch") || !strcmp(name, "slice") || !strcmp(name, "pprint")
+        || !strcmp(name, "slice") || !strcmp(name, "pprint")
         || !strcmp(name, "xmlattr") || !strcmp(name, "urlencode") || !strcmp(name, "urlize")
         || !strcmp(name, "striptags") || !strcmp(name, "filesizeformat") || !strcmp(name, "groupby"))
         return rt_fail(c, at, STRATA_E_UNSUPPORTED, "filter '%s' is not supported", name);
