@@ -427,6 +427,11 @@ static int parse_common(const cJSON *req, struct srv_stream *st, cJSON *gen,
         }
     }
 
+    int ignore_eos = 0;
+    if (get_bool(req, "ignore_eos", &ignore_eos, fe))
+        return -1;
+    if (ignore_eos)
+        cJSON_AddBoolToObject(gen, "ignore_eos", 1);
     if (get_bool(req, "stream", &st->stream, fe))
         return -1;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(req, "stream_options");
