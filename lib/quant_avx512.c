@@ -3,6 +3,7 @@
  * kernels are the shared 256-bit ones with VNNI's fused multiply-adds; Q4_K
  * has a 512-bit kernel here (measured faster; 512-bit Q8_0 and Q5_K were not). */
 #define SIMD_VNNI 1
+#define NT_MAX 8 /* 32 vector registers: eight activation rows per pass */
 #define SIMD_PREFIX avx512_
 #include "quant_simd.inc"
 
