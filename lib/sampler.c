@@ -162,9 +162,9 @@ static double log_sum_exp(const float *logits, int32_t n, float *mx_out)
     for (int32_t i = 1; i < n; i++)
         if (logits[i] > mx)
             mx = logits[i];
-    double sum = 0;
+    double sum = 0; /* float exponentials (each exact to 1 ulp), summed in double */
     for (int32_t i = 0; i < n; i++)
-        sum += exp((double)logits[i] - mx);
+        sum += expf(logits[i] - mx);
     *mx_out = mx;
     return log(sum);
 }
