@@ -77,7 +77,39 @@ r=$(post /v1/chat/completions '{"messages":[{"role":"user","content":"write a fu
 is "$(echo "$r" | jget 'o.choices[0].message.content')" "$want" \
     "chat completion equals strata-generate on the rendered template"
 
-# the engine is killed: the next request is served after the restart
+# a long generation (until the context is full) that the client abandons:
+# cancelled, and the engine serves the next request
+LONG="{\"prompt\":\"$PROMPT\",\"temperature\":0,\"ignore_eos\":true,\"stream\":true}"
+curl -s -N -H 'Content-Type: application/json' -d "$LONG" "$URL/v1/completions" >"$TMP/long" &
+cpid=$!
+i=0
+while [ "$(grep -c '^data: ' "$TMP/long")" -lt 3 ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i + 1)); done
+kill "$cpid"
+wait "$cpid" 2>/dev/null
+i=0
+while ! grep -q 'cancel=client' "$TMP/server.log" && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+grep 'cancel=client' "$TMP/server.log" | grep -q 'done: [0-9]* tokens in .*(cancelled, cancel=client)'
+ok $? "a client that disconnects mid-stream: its generation is cancelled"
+n=$(sed -n 's/.*done: \([0-9]*\) tokens.*cancel=client.*/\1/p' "$TMP/server.log" | head -1)
+[ -n "$n" ] && [ "$n" -lt 4000 ]
+ok $? "... long before the context was full ($n tokens)"
+
+# the engine is killed mid-generation: that request fails, saying so
+curl -s -N -H 'Content-Type: application/json' -d "$LONG" "$URL/v1/completions" >"$TMP/long" &
+cpid=$!
+i=0
+while [ "$(grep -c '^data: ' "$TMP/long")" -lt 3 ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i + 1)); done
+kill -9 "$(curl -s "$URL/health" | jget 'o.models[0].pids[0]')"
+wait "$cpid"
+grep -q '^data: {"error":{"message":"the engine for model .tinycoder-moe-Q4_K_M. was killed by signal 9' "$TMP/long" &&
+    tail -2 "$TMP/long" | grep -q '^data: \[DONE\]$'
+ok $? "engine killed mid-stream: the stream ends with an error naming the signal, then [DONE]"
+wait_health
+r=$(post /v1/completions "{\"prompt\":\"$PROMPT\",\"max_tokens\":24,\"temperature\":0}")
+is "$(echo "$r" | jget 'o.choices[0].text')" "$(gen -p "$PROMPT" -n 24)" \
+    "the next request succeeds after the restart"
+
+# the engine is killed while idle: the next request is served after the restart
 pid=$(curl -s "$URL/health" | jget 'o.models[0].pids[0]')
 kill -9 "$pid"
 i=0
