@@ -14,54 +14,72 @@
 #define ATT_KEYS 32
 #define ATT_HD 128
 #define ATT_THREADS (ATT_ROWS * 8)
+#define ATT_MIN_SPLIT_KEYS 128 /* fewer keys than this per split do not pay for a split */
 
+/* Splits that get work for a batch ending at kv position kv_end. */
+static __device__ __forceinline__ int splits_used(int kv_end, int n_split)
+{
+    int s = (kv_end + ATT_MIN_SPLIT_KEYS - 1) / ATT_MIN_SPLIT_KEYS;
+    return s < 1 ? 1 : s > n_split ? n_split : s;
+}
+
+/* DPT = hd / 8: the output dimensions a thread owns (contiguous, so that value rows
+ * are read as half2 pairs). */
+template <int DPT>
 __global__ void __launch_bounds__(ATT_THREADS)
 attn_kernel(struct strata_k_attn_args a)
 {
-    __shared__ float qs[ATT_ROWS][ATT_HD + 2];
-    __shared__ __half ks[ATT_KEYS][ATT_HD + 2];
-    __shared__ __half vs[ATT_KEYS][ATT_HD + 2];
+    __shared__ __align__(16) float qs[ATT_ROWS][ATT_HD + 4];
+    __shared__ __align__(16) __half ks[ATT_KEYS][ATT_HD + 8];
+    __shared__ __align__(16) __half vs[ATT_KEYS][ATT_HD + 8];
     __shared__ float ps[ATT_ROWS][ATT_KEYS + 1];
 
-    const int hd = a.hd, n_gqa = a.n_head / a.n_head_kv, g = blockIdx.y;
+    const int hd = 8 * DPT, n_gqa = a.n_head / a.n_head_kv, g = blockIdx.y;
     const int n_rows = a.n_tok * n_gqa, row0 = blockIdx.x * ATT_ROWS;
     const int tid = threadIdx.x, r = tid / 8, c8 = tid % 8;
     const int p0 = *a.pos0;
     const int row = row0 + r, valid = row < n_rows;
     const int t = valid ? row / n_gqa : 0, h = g * n_gqa + (valid ? row % n_gqa : 0);
     const int qpos = p0 + t;
+    const int n_used = splits_used(p0 + a.n_tok, a.n_split);
+    if ((int)blockIdx.z >= n_used)
+        return;
     int t_last = (min(row0 + ATT_ROWS, n_rows) - 1) / n_gqa;
     int kv_hi = p0 + t_last + 1;
-    int chunk = ((kv_hi + a.n_split - 1) / a.n_split + ATT_KEYS - 1) / ATT_KEYS * ATT_KEYS;
+    int chunk = ((p0 + a.n_tok + n_used - 1) / n_used + ATT_KEYS - 1) / ATT_KEYS * ATT_KEYS;
     int lo = blockIdx.z * chunk, hi = min(kv_hi, lo + chunk);
     const int64_t kv_row = (int64_t)a.n_head_kv * hd;
 
-    for (int i = tid; i < ATT_ROWS * hd; i += ATT_THREADS) {
-        int rr = i / hd, d = i % hd, ro = row0 + rr;
-        float v = 0.0f;
+    for (int i = tid; i < ATT_ROWS * (hd / 4); i += ATT_THREADS) {
+        int rr = i / (hd / 4), d = 4 * (i % (hd / 4)), ro = row0 + rr;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (ro < n_rows) {
             int tt = ro / n_gqa, hh = g * n_gqa + ro % n_gqa;
-            v = a.q[tt * a.q_stride + (int64_t)hh * hd + d] * a.scale;
+            v = *(const float4 *)(a.q + tt * a.q_stride + (int64_t)hh * hd + d);
+            v.x *= a.scale;
+            v.y *= a.scale;
+            v.z *= a.scale;
+            v.w *= a.scale;
         }
-        qs[rr][d] = v;
+        *(float4 *)&qs[rr][d] = v;
     }
 
-    float m = -INFINITY, l = 0.0f, o[ATT_HD / 8];
+    float m = -INFINITY, l = 0.0f, o[DPT];
 #pragma unroll
-    for (int j = 0; j < ATT_HD / 8; j++)
+    for (int j = 0; j < DPT; j++)
         o[j] = 0.0f;
 
     for (int j0 = lo; j0 < hi; j0 += ATT_KEYS) {
         __syncthreads();
-        for (int i = tid; i < ATT_KEYS * hd; i += ATT_THREADS) {
-            int j = i / hd, d = i % hd;
-            __half kv = __float2half(0.0f), vv = kv;
+        for (int i = tid; i < ATT_KEYS * DPT; i += ATT_THREADS) {
+            int j = i / DPT, d = 8 * (i % DPT);
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
             if (j0 + j < hi) {
-                kv = a.k_cache[(j0 + j) * kv_row + (int64_t)g * hd + d];
-                vv = a.v_cache[(j0 + j) * kv_row + (int64_t)g * hd + d];
+                kv = *(const uint4 *)(a.k_cache + (j0 + j) * kv_row + (int64_t)g * hd + d);
+                vv = *(const uint4 *)(a.v_cache + (j0 + j) * kv_row + (int64_t)g * hd + d);
             }
-            ks[j][d] = kv;
-            vs[j][d] = vv;
+            *(uint4 *)&ks[j][d] = kv;
+            *(uint4 *)&vs[j][d] = vv;
         }
         __syncthreads();
         float s[4], mt = -INFINITY;
@@ -69,8 +87,16 @@ attn_kernel(struct strata_k_attn_args a)
         for (int jj = 0; jj < 4; jj++) {
             int j = c8 + 8 * jj, kp = j0 + j;
             float acc = 0.0f;
-            for (int d = 0; d < hd; d++)
-                acc = fmaf(qs[r][d], __half2float(ks[j][d]), acc);
+#pragma unroll 4
+            for (int d = 0; d < hd; d += 4) {
+                float4 q4 = *(const float4 *)&qs[r][d];
+                float2 k01 = __half22float2(*(const __half2 *)&ks[j][d]);
+                float2 k23 = __half22float2(*(const __half2 *)&ks[j][d + 2]);
+                acc = fmaf(q4.x, k01.x, acc);
+                acc = fmaf(q4.y, k01.y, acc);
+                acc = fmaf(q4.z, k23.x, acc);
+                acc = fmaf(q4.w, k23.y, acc);
+            }
             s[jj] = (valid && kp < hi && kp <= qpos) ? acc : -INFINITY;
             mt = fmaxf(mt, s[jj]);
         }
@@ -94,62 +120,69 @@ attn_kernel(struct strata_k_attn_args a)
         m = mn;
         __syncthreads();
 #pragma unroll
-        for (int jd = 0; jd < ATT_HD / 8; jd++)
+        for (int jd = 0; jd < DPT; jd++)
             o[jd] *= corr;
+        const int d0 = c8 * DPT;
         for (int j = 0; j < ATT_KEYS; j++) {
             float p = ps[r][j];
+            if (DPT % 2 == 0) {
 #pragma unroll
-            for (int jd = 0; jd < ATT_HD / 8; jd++) {
-                int d = c8 + 8 * jd;
-                if (d < hd)
-                    o[jd] = fmaf(p, __half2float(vs[j][d]), o[jd]);
+                for (int jd = 0; jd < DPT; jd += 2) {
+                    float2 v2 = __half22float2(*(const __half2 *)&vs[j][d0 + jd]);
+                    o[jd] = fmaf(p, v2.x, o[jd]);
+                    o[jd + 1 < DPT ? jd + 1 : jd] =
+                        fmaf(p, v2.y, o[jd + 1 < DPT ? jd + 1 : jd]);
+                }
+            } else {
+#pragma unroll
+                for (int jd = 0; jd < DPT; jd++)
+                    o[jd] = fmaf(p, __half2float(vs[j][d0 + jd]), o[jd]);
             }
         }
     }
     if (!valid)
         return;
     int64_t orow = (int64_t)t * a.n_head + h;
-    if (a.n_split == 1) {
+    const int d0 = c8 * DPT;
+    if (n_used == 1) {
         float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
-        for (int jd = 0; jd < ATT_HD / 8; jd++) {
-            int d = c8 + 8 * jd;
-            if (d < hd)
-                a.out[orow * hd + d] = o[jd] * inv;
-        }
+        for (int jd = 0; jd < DPT; jd++)
+            a.out[orow * hd + d0 + jd] = o[jd] * inv;
         return;
     }
     /* partial result of this split: [n_split][n_tok * n_head][hd + 2] */
     float *sp = a.scratch + ((int64_t)blockIdx.z * a.n_tok * a.n_head + orow) * (hd + 2);
 #pragma unroll
-    for (int jd = 0; jd < ATT_HD / 8; jd++) {
-        int d = c8 + 8 * jd;
-        if (d < hd)
-            sp[d] = o[jd];
-    }
+    for (int jd = 0; jd < DPT; jd++)
+        sp[d0 + jd] = o[jd];
     if (c8 == 0) {
         sp[hd] = m;
         sp[hd + 1] = l;
     }
 }
 
-/* Merge the splits of one output row (fixed order over splits). */
+/* Merge the splits that got work, for one output row (fixed order over splits). */
 __global__ void attn_merge_kernel(const float *__restrict__ scratch, float *__restrict__ out,
-                                  int n_rows, int hd, int n_split)
+                                  int n_rows, int hd, int n_split, const int32_t *pos0,
+                                  int n_tok)
 {
     int orow = blockIdx.x;
+    int n_used = splits_used(*pos0 + n_tok, n_split);
+    if (n_used == 1)
+        return; /* the attention kernel wrote the result */
     float mx = -INFINITY;
-    for (int s = 0; s < n_split; s++)
+    for (int s = 0; s < n_used; s++)
         mx = fmaxf(mx, scratch[((int64_t)s * n_rows + orow) * (hd + 2) + hd]);
     float L = 0.0f;
-    for (int s = 0; s < n_split; s++) {
+    for (int s = 0; s < n_used; s++) {
         const float *sp = scratch + ((int64_t)s * n_rows + orow) * (hd + 2);
         if (sp[hd] != -INFINITY)
             L += sp[hd + 1] * __expf(sp[hd] - mx);
     }
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.0f;
-        for (int s = 0; s < n_split; s++) {
+        for (int s = 0; s < n_used; s++) {
             const float *sp = scratch + ((int64_t)s * n_rows + orow) * (hd + 2);
             if (sp[hd] != -INFINITY)
                 acc += sp[d] * __expf(sp[hd] - mx);
@@ -167,18 +200,32 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
                        struct strata_err *err)
 {
     if (a->n_tok <= 0 || a->n_head <= 0 || a->n_head_kv <= 0 || a->n_head % a->n_head_kv ||
-        a->hd <= 0 || a->hd > ATT_HD || a->n_split < 1 || a->max_kv < a->n_tok ||
+        a->hd <= 0 || a->hd > ATT_HD || a->hd % 8 || a->n_split < 1 || a->max_kv < a->n_tok ||
         (a->n_split > 1 && !a->scratch))
         return strata_k_err(err, STRATA_E_INVALID,
                             "attention: bad shape n_tok=%d n_head=%d n_head_kv=%d hd=%d "
-                            "n_split=%d max_kv=%d (hd <= %d)",
+                            "n_split=%d max_kv=%d (hd a multiple of 8, <= %d)",
                             a->n_tok, a->n_head, a->n_head_kv, a->hd, a->n_split, a->max_kv,
                             ATT_HD);
     int n_rows = a->n_tok * (a->n_head / a->n_head_kv);
     dim3 grid((unsigned)((n_rows + ATT_ROWS - 1) / ATT_ROWS), (unsigned)a->n_head_kv,
               (unsigned)a->n_split),
         block(ATT_THREADS);
-    attn_kernel<<<grid, block, 0, ctx->stream>>>(*a);
+    switch (a->hd / 8) {
+    case 1: attn_kernel<1><<<grid, block, 0, ctx->stream>>>(*a); break;
+    case 2: attn_kernel<2><<<grid, block, 0, ctx->stream>>>(*a); break;
+    case 3: attn_kernel<3><<<grid, block, 0, ctx->stream>>>(*a); break;
+    case 4: attn_kernel<4><<<grid, block, 0, ctx->stream>>>(*a); break;
+    case 5: attn_kernel<5><<<grid, block, 0, ctx->stream>>>(*a); break;
+    case 6: attn_kernel<6><<<grid, block, 0, ctx->stream>>>(*a); break;
+    case 7: attn_kernel<7><<<grid, block, 0, ctx->stream>>>(*a); break;
+    case 8: attn_kernel<8><<<grid, block, 0, ctx->stream>>>(*a); break;
+    case 10: attn_kernel<10><<<grid, block, 0, ctx->stream>>>(*a); break;
+    case 12: attn_kernel<12><<<grid, block, 0, ctx->stream>>>(*a); break;
+    case 16: attn_kernel<16><<<grid, block, 0, ctx->stream>>>(*a); break;
+    default:
+        return strata_k_err(err, STRATA_E_UNSUPPORTED, "attention: head dim %d not built", a->hd);
+    }
     int rc = strata_k_check(ctx, "attn_kernel", grid, block, err,
                             "n_tok=%d n_head=%d n_head_kv=%d hd=%d n_split=%d max_kv=%d",
                             a->n_tok, a->n_head, a->n_head_kv, a->hd, a->n_split, a->max_kv);
@@ -186,7 +233,7 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
         return rc;
     dim3 g2((unsigned)(a->n_tok * a->n_head)), b2(128);
     attn_merge_kernel<<<g2, b2, 0, ctx->stream>>>(a->scratch, a->out, a->n_tok * a->n_head,
-                                                  a->hd, a->n_split);
+                                                  a->hd, a->n_split, a->pos0, a->n_tok);
     return strata_k_check(ctx, "attn_merge_kernel", g2, b2, err, "rows=%d hd=%d n_split=%d",
                           a->n_tok * a->n_head, a->hd, a->n_split);
 }

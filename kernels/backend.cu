@@ -15,6 +15,7 @@
  */
 #include "kernels.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,10 +30,16 @@ extern "C" {
 #ifdef STRATA_GPU_HOST_PASS
 
 #define MATVEC_MAX 16
+#define PROF_MAX_EV 512
+#define PROF_MAX_OPS 64
 
 struct dev_layer {
     float *attn_norm, *ffn_norm, *q_norm, *k_norm;
     struct strata_k_weight wq, wk, wv, wo;
+    /* q, k (and v) stacked into one matrix when their types agree: one launch, and
+     * rows [q | k | v] of each token land side by side (n_qkv = 2 or 3; 0: apart) */
+    struct strata_k_weight wqkv;
+    int n_qkv;
     struct strata_k_weight gate, up, down;            /* dense FFN */
     struct strata_k_weight gate_inp, gate_exps, up_exps, down_exps;
     int is_moe;
@@ -50,7 +57,7 @@ struct gpu_state {
     float *output_norm;
     struct dev_layer *layers;
     /* scratch for n_ub tokens */
-    float *x, *xn, *q, *k, *v, *att, *router, *ew, *act, *eout, *logits, *attn_scratch;
+    float *x, *xn, *q, *att, *router, *ew, *act, *eout, *logits, *attn_scratch;
     int32_t *ids, *pos0, *eids, *perm, *tiles, *n_tiles;
     int max_tiles;
     void **allocs;
@@ -60,7 +67,91 @@ struct gpu_state {
     cudaGraphExec_t graph_exec;
     int use_graph, graph_ready;
     float *h_logits; /* pinned staging of one logits row */
+    /* STRATA_GPU_PROFILE=1: events between the launches of a forward pass (no graph);
+     * per-operation totals are logged when the backend is freed */
+    int prof;
+    cudaEvent_t ev[PROF_MAX_EV];
+    const char *ev_name[PROF_MAX_EV];
+    int n_ev, ev_ready;
+    const char *op_name[PROF_MAX_OPS];
+    double op_ms[PROF_MAX_OPS];
+    long op_calls[PROF_MAX_OPS];
+    int n_ops;
+    int cur_tokens;
 };
+
+/* Record a profiling event before the operation called name. */
+static void prof_mark(struct gpu_state *s, const char *name)
+{
+    if (!s->prof || s->n_ev >= PROF_MAX_EV)
+        return;
+    if (!s->ev_ready) {
+        for (int i = 0; i < PROF_MAX_EV; i++)
+            if (cudaEventCreate(&s->ev[i]) != cudaSuccess) {
+                (void)cudaGetLastError();
+                s->prof = 0;
+                return;
+            }
+        s->ev_ready = 1;
+    }
+    s->ev_name[s->n_ev] = name;
+    if (cudaEventRecord(s->ev[s->n_ev], s->ctx.stream) == cudaSuccess)
+        s->n_ev++;
+    else
+        (void)cudaGetLastError();
+}
+
+/* After the stream synchronised: add the intervals to the per-operation totals. */
+static void prof_collect(struct gpu_state *s)
+{
+    for (int i = 0; i + 1 < s->n_ev; i++) {
+        float ms = 0.0f;
+        if (cudaEventElapsedTime(&ms, s->ev[i], s->ev[i + 1]) != cudaSuccess) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        char key[96];
+        snprintf(key, sizeof key, "%s%s", s->cur_tokens == 1 ? "decode " : "batch  ", s->ev_name[i]);
+        int k = 0;
+        while (k < s->n_ops && strcmp(s->op_name[k], key) != 0)
+            k++;
+        if (k == s->n_ops) {
+            if (s->n_ops == PROF_MAX_OPS)
+                continue;
+            s->op_name[k] = strdup(key);
+            if (!s->op_name[k])
+                continue;
+            s->n_ops++;
+        }
+        s->op_ms[k] += ms;
+        s->op_calls[k]++;
+    }
+    s->n_ev = 0;
+}
+
+static void prof_report(struct gpu_state *s)
+{
+    double tot[2] = {0, 0};
+    for (int k = 0; k < s->n_ops; k++)
+        tot[s->op_name[k][0] == 'd'] += s->op_ms[k];
+    for (int pass = 0; pass < s->n_ops; pass++) {
+        int best = -1;
+        for (int k = 0; k < s->n_ops; k++)
+            if (s->op_calls[k] >= 0 && (best < 0 || s->op_ms[k] > s->op_ms[best]))
+                best = k;
+        if (best < 0)
+            break;
+        strata_log_info("profile %-28s %9.3f ms %6ld calls %8.2f us/call %5.1f%%",
+                        s->op_name[best], s->op_ms[best], s->op_calls[best],
+                        1e3 * s->op_ms[best] / (s->op_calls[best] ? s->op_calls[best] : 1),
+                        100.0 * s->op_ms[best] / (tot[s->op_name[best][0] == 'd'] > 0
+                                                      ? tot[s->op_name[best][0] == 'd'] : 1));
+        s->op_calls[best] = -1;
+    }
+    for (int k = 0; k < s->n_ops; k++)
+        free((void *)s->op_name[k]);
+    s->n_ops = 0;
+}
 
 static int gpu_call(struct gpu_state *s, cudaError_t e, const char *what, struct strata_err *err)
 {
@@ -132,6 +223,43 @@ static int up_weight(struct gpu_state *s, const struct strata_weight *w, struct 
     return 0;
 }
 
+/* Stack q, k and v (or q and k) into one matrix when they share type and ne0, so
+ * that one launch projects them all. */
+static int fuse_qkv(struct gpu_state *s, const struct strata_layer *L, struct dev_layer *D,
+                    struct strata_err *err)
+{
+    const struct strata_weight *w[3] = {&L->wq, &L->wk, &L->wv};
+    int n = 1;
+    while (n < 3 && w[n]->data && w[n]->type == L->wq.type && w[n]->ne[0] == L->wq.ne[0] &&
+           w[n]->nb1 == L->wq.nb1)
+        n++;
+    D->n_qkv = 0;
+    if (n < 2 || getenv("STRATA_NO_QKV_FUSION"))
+        return 0;
+    size_t bytes = 0;
+    int64_t rows = 0;
+    for (int i = 0; i < n; i++) {
+        bytes += weight_bytes(w[i]);
+        rows += w[i]->ne[1];
+    }
+    void *p;
+    int rc = dalloc(s, &p, bytes, "attn_qkv (stacked)", err);
+    if (rc)
+        return rc;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        if ((rc = gpu_call(s, cudaMemcpy((char *)p + off, w[i]->data, weight_bytes(w[i]),
+                                         cudaMemcpyHostToDevice), w[i]->name, err)))
+            return rc;
+        off += weight_bytes(w[i]);
+    }
+    D->wqkv = D->wq;
+    D->wqkv.ne1 = rows;
+    D->wqkv.data = p;
+    D->n_qkv = n;
+    return 0;
+}
+
 /* Upload a vector (a norm weight) as float32. */
 static int up_vec(struct gpu_state *s, const struct strata_weight *w, float **d,
                   struct strata_err *err)
@@ -158,6 +286,11 @@ static void gpu_free(void *state)
     struct gpu_state *s = (struct gpu_state *)state;
     if (!s)
         return;
+    if (s->prof && s->n_ops)
+        prof_report(s);
+    if (s->ev_ready)
+        for (int i = 0; i < PROF_MAX_EV; i++)
+            (void)cudaEventDestroy(s->ev[i]);
     if (s->graph_exec)
         (void)cudaGraphExecDestroy(s->graph_exec);
     if (s->graph)
@@ -207,7 +340,9 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         const char *sd = getenv("STRATA_SYNC_DEBUG");
         s->ctx.sync_debug = sd && *sd && strcmp(sd, "0") != 0;
         const char *ng = getenv("STRATA_NO_GRAPH");
-        s->use_graph = !s->ctx.sync_debug && !(ng && *ng && strcmp(ng, "0") != 0);
+        const char *pf = getenv("STRATA_GPU_PROFILE");
+        s->prof = pf && *pf && strcmp(pf, "0") != 0;
+        s->use_graph = !s->ctx.sync_debug && !s->prof && !(ng && *ng && strcmp(ng, "0") != 0);
     }
     s->m = m;
     s->n_ctx = o->n_ctx;
@@ -284,6 +419,8 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
             (rc = up_weight(s, &L->ffn_down_exps, &D->down_exps, err)))
             goto out;
         D->is_moe = L->is_moe;
+        if ((rc = fuse_qkv(s, L, D, err)))
+            goto out;
         size_t kvb = sizeof(__half) * (size_t)s->n_ctx * s->n_kv;
         if ((rc = dalloc(s, (void **)&D->k_cache, kvb, "kv cache", err)) ||
             (rc = dalloc(s, (void **)&D->v_cache, kvb, "kv cache", err)))
@@ -296,9 +433,8 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         size_t sb = strata_k_attn_scratch_bytes(MATVEC_MAX, s->n_head, s->hd, s->n_split);
         if ((rc = dalloc(s, (void **)&s->x, 4 * T * s->n_embd, "activations", err)) ||
             (rc = dalloc(s, (void **)&s->xn, 4 * T * s->n_embd, "activations", err)) ||
-            (rc = dalloc(s, (void **)&s->q, 4 * T * s->n_q, "activations", err)) ||
-            (rc = dalloc(s, (void **)&s->k, 4 * T * s->n_kv, "activations", err)) ||
-            (rc = dalloc(s, (void **)&s->v, 4 * T * s->n_kv, "activations", err)) ||
+            (rc = dalloc(s, (void **)&s->q, 4 * T * (s->n_q + 2 * s->n_kv), "activations",
+                         err)) ||
             (rc = dalloc(s, (void **)&s->att, 4 * T * s->n_q, "activations", err)) ||
             (rc = dalloc(s, (void **)&s->router, 4 * T * (s->n_expert + 1), "router", err)) ||
             (rc = dalloc(s, (void **)&s->ew, 4 * A, "router", err)) ||
@@ -442,24 +578,33 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
 {
     int rc = 0;
     const int E = s->n_embd;
-    if (!have_embd && (rc = strata_k_get_rows(&s->ctx, &s->tok_embd, s->ids, n, s->x, err)))
+#define OP(name, call) (prof_mark(s, name), (rc = (call)))
+    if (!have_embd && OP("get_rows", strata_k_get_rows(&s->ctx, &s->tok_embd, s->ids, n, s->x, err)))
         return strata_err_wrap(err, "token_embd: ");
     for (int il = 0; il < (int)s->m->hp.n_layer; il++) {
         struct dev_layer *D = &s->layers[il];
         struct strata_k_qkv_args qa;
         struct strata_k_attn_args aa;
-        if ((rc = strata_k_rms_norm(&s->ctx, s->x, D->attn_norm, s->xn, E, n, s->eps, err)) ||
-            (rc = proj(s, &D->wq, s->xn, E, n, s->q, s->n_q, NULL, err)) ||
-            (rc = proj(s, &D->wk, s->xn, E, n, s->k, s->n_kv, NULL, err)) ||
-            (rc = proj(s, &D->wv, s->xn, E, n, s->v, s->n_kv, NULL, err)))
+        /* q, k, v of token t: row t of [n, n_q + 2 n_kv] */
+        const int qs = s->n_q + 2 * s->n_kv;
+        float *q = s->q, *k = s->q + s->n_q, *v = k + s->n_kv;
+        if (OP("attn_norm", strata_k_rms_norm(&s->ctx, s->x, D->attn_norm, s->xn, E, n, s->eps, err)))
+            goto fail;
+        if (D->n_qkv) {
+            if (OP("attn_qkv", proj(s, &D->wqkv, s->xn, E, n, q, qs, NULL, err)))
+                goto fail;
+        } else if (OP("attn_q", proj(s, &D->wq, s->xn, E, n, q, qs, NULL, err)) ||
+                   OP("attn_k", proj(s, &D->wk, s->xn, E, n, k, qs, NULL, err)))
+            goto fail;
+        if (D->n_qkv < 3 && OP("attn_v", proj(s, &D->wv, s->xn, E, n, v, qs, NULL, err)))
             goto fail;
         memset(&qa, 0, sizeof(qa));
-        qa.q = s->q;
-        qa.k = s->k;
-        qa.v = s->v;
-        qa.q_stride = s->n_q;
-        qa.k_stride = s->n_kv;
-        qa.v_stride = s->n_kv;
+        qa.q = q;
+        qa.k = k;
+        qa.v = v;
+        qa.q_stride = qs;
+        qa.k_stride = qs;
+        qa.v_stride = qs;
         qa.q_norm = D->q_norm;
         qa.k_norm = D->k_norm;
         qa.eps = s->eps;
@@ -471,11 +616,11 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
         qa.hd = s->hd;
         qa.k_cache = D->k_cache;
         qa.v_cache = D->v_cache;
-        if ((rc = strata_k_qkv_post(&s->ctx, &qa, err)))
+        if (OP("qk_norm_rope_kv", strata_k_qkv_post(&s->ctx, &qa, err)))
             goto fail;
         memset(&aa, 0, sizeof(aa));
-        aa.q = s->q;
-        aa.q_stride = s->n_q;
+        aa.q = q;
+        aa.q_stride = qs;
         aa.k_cache = D->k_cache;
         aa.v_cache = D->v_cache;
         aa.out = s->att;
@@ -488,44 +633,46 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
         aa.n_split = n <= MATVEC_MAX ? s->n_split : 1;
         aa.scale = 1.0f / sqrtf((float)s->hd);
         aa.scratch = s->attn_scratch;
-        if ((rc = strata_k_attention(&s->ctx, &aa, err)) ||
-            (rc = proj(s, &D->wo, s->att, s->n_q, n, s->x, E, s->x, err)) ||
-            (rc = strata_k_rms_norm(&s->ctx, s->x, D->ffn_norm, s->xn, E, n, s->eps, err)))
+        if (OP("attention", strata_k_attention(&s->ctx, &aa, err)) ||
+            OP("attn_output", proj(s, &D->wo, s->att, s->n_q, n, s->x, E, s->x, err)) ||
+            OP("ffn_norm", strata_k_rms_norm(&s->ctx, s->x, D->ffn_norm, s->xn, E, n, s->eps, err)))
             goto fail;
         if (D->is_moe) {
             const struct strata_hparams *hp = &s->m->hp;
             int k = s->n_used, rows = n * k;
-            if ((rc = proj(s, &D->gate_inp, s->xn, E, n, s->router, s->n_expert, NULL, err)) ||
-                (rc = strata_k_moe_route(&s->ctx, s->router, n, s->n_expert, k,
+            if (OP("moe_router", proj(s, &D->gate_inp, s->xn, E, n, s->router, s->n_expert, NULL, err)) ||
+                OP("moe_route_topk", strata_k_moe_route(&s->ctx, s->router, n, s->n_expert, k,
                                          hp->expert_weights_norm,
                                          hp->expert_weights_scale > 0 ? hp->expert_weights_scale
                                                                       : 1.0f,
                                          s->eids, s->ew, err)))
                 goto fail;
             if (n > MATVEC_MAX &&
-                (rc = strata_k_moe_plan(&s->ctx, s->eids, rows, s->n_expert, s->perm, s->tiles,
+                OP("moe_plan", strata_k_moe_plan(&s->ctx, s->eids, rows, s->n_expert, s->perm, s->tiles,
                                         s->n_tiles, err)))
                 goto fail;
-            if ((rc = glu(s, &D->gate_exps, &D->up_exps, s->xn, n, k, s->eids, s->act, err)) ||
-                (rc = down_exps(s, &D->down_exps, s->act, n, rows, s->eout, err)) ||
-                (rc = strata_k_moe_combine(&s->ctx, s->eout, s->ew, n, k, E, s->x, s->x, err)))
+            if (OP("moe_gate_up", glu(s, &D->gate_exps, &D->up_exps, s->xn, n, k, s->eids, s->act, err)) ||
+                OP("moe_down", down_exps(s, &D->down_exps, s->act, n, rows, s->eout, err)) ||
+                OP("moe_combine", strata_k_moe_combine(&s->ctx, s->eout, s->ew, n, k, E, s->x, s->x, err)))
                 goto fail;
         } else {
-            if ((rc = glu(s, &D->gate, &D->up, s->xn, n, 1, NULL, s->act, err)) ||
-                (rc = proj(s, &D->down, s->act, s->n_ff, n, s->x, E, s->x, err)))
+            if (OP("ffn_gate_up", glu(s, &D->gate, &D->up, s->xn, n, 1, NULL, s->act, err)) ||
+                OP("ffn_down", proj(s, &D->down, s->act, s->n_ff, n, s->x, E, s->x, err)))
                 goto fail;
         }
     }
     if (want_logits) {
         int first = all ? 0 : n - 1, cnt = all ? n : 1;
         const float *xr = s->x + (int64_t)first * E;
-        if ((rc = strata_k_rms_norm(&s->ctx, xr, s->output_norm, s->xn, E, cnt, s->eps, err)) ||
-            (rc = proj(s, &s->output, s->xn, E, cnt, s->logits, s->n_vocab, NULL, err)))
+        if (OP("output_norm", strata_k_rms_norm(&s->ctx, xr, s->output_norm, s->xn, E, cnt, s->eps, err)) ||
+            OP("output", proj(s, &s->output, s->xn, E, cnt, s->logits, s->n_vocab, NULL, err)))
             return strata_err_wrap(err, "output: ");
     }
+    prof_mark(s, "end");
     return 0;
 fail:
     return rc;
+#undef OP
 }
 
 static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
@@ -554,6 +701,8 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
     }
     if (rc)
         return rc;
+    s->cur_tokens = n;
+    s->n_ev = 0;
     int graphable = s->use_graph && n == 1 && !b->embd && want && !all;
     if (graphable && !s->graph_ready) {
         if ((rc = gpu_call(s, cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed),
@@ -595,6 +744,8 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
         return rc;
     if (want && rows == 1)
         memcpy(logits, s->h_logits, 4 * (size_t)s->n_vocab);
+    if (s->prof)
+        prof_collect(s);
     return 0;
 }
 

@@ -253,13 +253,23 @@ template <> struct strata_dq<KT_Q6_K> {
         const uint8_t *b = row + (c >> 5) * BYTES;
         int i0 = (c & 31) * 8;
         int n = i0 / 128, qd = (i0 % 128) / 32, l0 = i0 % 32;
+        /* blocks are 2-byte aligned: read the 8 low and 8 high bytes as 16-bit words */
         const uint8_t *ql = b + 64 * n + l0 + 32 * (qd & 1);
         const uint8_t *qh = b + 128 + 32 * n + l0;
         float d = ldh(b + 208) * (float)(int8_t)b[192 + 8 * n + l0 / 16 + 2 * qd];
         int shl = 4 * (qd >> 1), shh = 2 * qd;
+        uint32_t lw[4], hw[4];
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            v[j] = d * (float)((((ql[j] >> shl) & 0xF) | (((qh[j] >> shh) & 3) << 4)) - 32);
+        for (int j = 0; j < 4; j++) {
+            lw[j] = ld16(ql + 2 * j);
+            hw[j] = ld16(qh + 2 * j);
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int lo = (int)((lw[j / 2] >> (8 * (j & 1) + shl)) & 0xF);
+            int hi = (int)((hw[j / 2] >> (8 * (j & 1) + shh)) & 3);
+            v[j] = d * (float)((lo | (hi << 4)) - 32);
+        }
     }
 };
 

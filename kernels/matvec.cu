@@ -37,7 +37,7 @@ __global__ void matvec_kernel(const uint8_t *__restrict__ w, const uint8_t *__re
     const float *xs = x + (int64_t)(s / x_group) * x_stride;
     int nch = (ne0 + 7) / 8;
     float acc = 0.0f, acc2 = 0.0f;
-#pragma unroll 2
+#pragma unroll 4
     for (int c = lane; c < nch; c += warpSize) {
         float v[8], xv[8];
         strata_dq<T>::chunk(wr, c, v, ne0);

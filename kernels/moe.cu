@@ -4,78 +4,63 @@
 
 #include <math.h>
 
-/* Block-wide argmax of (v, i): the largest v, the lowest i among equals.  All
- * threads get the result.  scratch: 2 * STRATA_GPU_MAX_WARP words. */
-static __device__ void block_argmax(float *v, int *i, float *sv, int *si)
-{
-    for (int m = warpSize / 2; m > 0; m >>= 1) {
-        float ov = STRATA_SHFL_XOR(*v, m);
-        int oi = STRATA_SHFL_XOR(*i, m);
-        if (ov > *v || (ov == *v && oi < *i)) {
-            *v = ov;
-            *i = oi;
-        }
-    }
-    int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
-    __syncthreads();
-    if (lane == 0) {
-        sv[wid] = *v;
-        si[wid] = *i;
-    }
-    __syncthreads();
-    *v = sv[0];
-    *i = si[0];
-    for (int w = 1; w < (int)(blockDim.x / warpSize); w++)
-        if (sv[w] > *v || (sv[w] == *v && si[w] < *i)) {
-            *v = sv[w];
-            *i = si[w];
-        }
-}
-
 #define ROUTE_MAX_EXPERT 1024
+#define ROUTE_WARPS (STRATA_GPU_BLOCK / 32) /* the most warps a block can hold */
 
-__global__ void moe_route_kernel(const float *__restrict__ logits, int n_expert, int k, int norm,
-                                 float scale, int32_t *__restrict__ ids, float *__restrict__ w)
+/* One warp per token: the softmax and k rounds of a warp argmax, shuffles only. */
+__global__ void moe_route_kernel(const float *__restrict__ logits, int n_tok, int n_expert, int k,
+                                 int norm, float scale, int32_t *__restrict__ ids,
+                                 float *__restrict__ w)
 {
-    __shared__ float p[ROUTE_MAX_EXPERT];
-    __shared__ float scratch[STRATA_GPU_MAX_WARP];
-    __shared__ float sv[STRATA_GPU_MAX_WARP];
-    __shared__ int si[STRATA_GPU_MAX_WARP];
-    const float *lr = logits + (int64_t)blockIdx.x * n_expert;
+    __shared__ float pbuf[ROUTE_WARPS][ROUTE_MAX_EXPERT];
+    int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
+    int t = blockIdx.x * (blockDim.x / warpSize) + wid;
+    if (t >= n_tok)
+        return;
+    float *p = pbuf[wid];
+    const float *lr = logits + (int64_t)t * n_expert;
     float mx = -INFINITY;
-    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+    for (int e = lane; e < n_expert; e += warpSize) {
         p[e] = lr[e];
         mx = fmaxf(mx, p[e]);
     }
-    mx = strata_block_max(mx, scratch);
+    mx = strata_warp_max(mx);
     float s = 0.0f;
-    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+    for (int e = lane; e < n_expert; e += warpSize) {
         p[e] = expf(p[e] - mx);
         s += p[e];
     }
-    s = strata_block_sum(s, scratch);
-    float sel = 0.0f;
+    s = strata_warp_sum(s);
+    float sel = 0.0f, wj[32];
+    int ij[32];
     for (int j = 0; j < k; j++) {
         float bv = -1.0f;
         int bi = 0x7fffffff;
-        for (int e = threadIdx.x; e < n_expert; e += blockDim.x)
+        for (int e = lane; e < n_expert; e += warpSize)
             if (p[e] > bv) {
                 bv = p[e];
                 bi = e;
             }
-        block_argmax(&bv, &bi, sv, si);
-        if (threadIdx.x == 0) {
-            ids[(int64_t)blockIdx.x * k + j] = bi;
-            w[(int64_t)blockIdx.x * k + j] = bv / s;
+        for (int m = warpSize / 2; m > 0; m >>= 1) {
+            float ov = STRATA_SHFL_XOR(bv, m);
+            int oi = STRATA_SHFL_XOR(bi, m);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == bi % warpSize)
             p[bi] = -2.0f;
+        if (j < 32) {
+            wj[j] = bv / s;
+            ij[j] = bi;
         }
         sel += bv / s;
-        __syncthreads();
     }
-    if (threadIdx.x == 0)
-        for (int j = 0; j < k; j++) {
-            float *wj = &w[(int64_t)blockIdx.x * k + j];
-            *wj = (norm ? *wj / sel : *wj) * scale;
+    if (lane == 0)
+        for (int j = 0; j < k && j < 32; j++) {
+            ids[(int64_t)t * k + j] = ij[j];
+            w[(int64_t)t * k + j] = (norm ? wj[j] / sel : wj[j]) * scale;
         }
 }
 
@@ -83,12 +68,15 @@ int strata_k_moe_route(struct strata_gpu_ctx *ctx, const float *logits, int n_to
                        int n_expert, int k, int norm, float scale, int32_t *ids, float *w,
                        struct strata_err *err)
 {
-    if (n_tok <= 0 || n_expert <= 0 || n_expert > ROUTE_MAX_EXPERT || k <= 0 || k > n_expert)
+    if (n_tok <= 0 || n_expert <= 0 || n_expert > ROUTE_MAX_EXPERT || k <= 0 || k > n_expert ||
+        k > 32)
         return strata_k_err(err, STRATA_E_INVALID,
-                            "moe_route: bad shape n_tok=%d n_expert=%d k=%d (n_expert <= %d)",
-                            n_tok, n_expert, k, ROUTE_MAX_EXPERT);
-    dim3 grid((unsigned)n_tok), block(STRATA_GPU_BLOCK);
-    moe_route_kernel<<<grid, block, 0, ctx->stream>>>(logits, n_expert, k, norm, scale, ids, w);
+                            "moe_route: bad shape n_tok=%d n_expert=%d k=%d (n_expert <= %d, "
+                            "k <= 32)", n_tok, n_expert, k, ROUTE_MAX_EXPERT);
+    int per = STRATA_GPU_BLOCK / ctx->info.warp_size;
+    dim3 grid((unsigned)((n_tok + per - 1) / per)), block(STRATA_GPU_BLOCK);
+    moe_route_kernel<<<grid, block, 0, ctx->stream>>>(logits, n_tok, n_expert, k, norm, scale,
+                                                      ids, w);
     return strata_k_check(ctx, "moe_route_kernel", grid, block, err, "n_tok=%d n_expert=%d k=%d",
                           n_tok, n_expert, k);
 }
