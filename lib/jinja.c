@@ -4526,7 +4526,11 @@ static int exec_for(struct ctx *c, struct scope *sc, const struct node *n)
             return rt_fail(c, n, STRATA_E_LIMIT, "loops exceeded %llu iterations",
                            (unsigned long long)c->lim.max_loop_iters);
         lp->index0 = (int64_t)i;
-        if ((rc = assign_targets(c, n, ls, n->kw_names, n->n_kw, &items->v[i])))
+        /* each iteration starts from a fresh scope: a set in one iteration is not
+         * seen by the next (jinja2 semantics; namespaces carry state across) */
+        ls->vars.n = 0;
+        if ((rc = scope_set(c, n, ls, "loop", lv))
+            || (rc = assign_targets(c, n, ls, n->kw_names, n->n_kw, &items->v[i])))
             return rc;
         if ((rc = exec_body(c, ls, n->b)))
             return rc;

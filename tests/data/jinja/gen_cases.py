@@ -150,6 +150,16 @@ CASES = [
     "{% set a = 'x' %}{% macro show() %}{{ a }}{% endmacro %}{% set a = 'y' %}{{ show() }}",
     "{{ range(3) | list }} {{ l | batch(2) | list }} {{ l | batch(2, 0) | list }}",
     "{{ n is sameas 7 }} {{ z is sameas none }} {{ t is sameas true }} {{ n is callable }} {{ range is callable }}",
+    # scoping: loop bodies start fresh each iteration, macros and blocks
+    "{% for i in l %}{% if loop.first %}{% set x = 1 %}{% endif %}[{{ x }}]{% endfor %}",
+    "{% set x = 5 %}{% for i in l %}{{ x }}{% set x = i %}{{ x }},{% endfor %}{{ x }}",
+    "{% macro m() %}{% set y = 2 %}{{ y }}{% endmacro %}{{ m() }}{{ y }}",
+    "{% for i in l %}{% macro m() %}{{ i }}{% endmacro %}{{ m() }}{% endfor %}",
+    "{% for i in l %}{{ loop.index }}{% for j in [1] %}{{ loop.index }}{{ i }}{% endfor %}{% endfor %}",
+    "{% macro outer() %}{% macro inner() %}in{% endmacro %}{{ inner() }}{% endmacro %}{{ outer() }}",
+    "{%- for i in range(3) -%}\n  {{ i }}\n{%- endfor -%}",
+    "{% set t = (1, 2) %}{{ t[0] }}{{ t|length }}{% for a in t %}{{ a }}{% endfor %}",
+    "{{ 'a' ~ none }} {{ none ~ 'a' }} {{ [none] }} {{ true ~ false }} {{ d.b is integer }} {{ (d.b / 1) is float }}",
     # errors
     "{{ raise_exception('custom failure: ' ~ n) }}",
     "{% if n > 5 %}{{ raise_exception('too big') }}{% endif %}",
