@@ -145,4 +145,17 @@ ok $? "a log line per request: done: N tokens in T s (R tok/s) (reason, cancel=.
 
 stop_server
 is "$SERVER_RC" 0 "SIGTERM: clean exit (engines shut down, nothing leaked)"
+
+# usage
+"$BIN/strata-serve" --help >"$TMP/help" 2>&1
+is "$? $(head -c 20 "$TMP/help")" "0 usage: strata-serve" "--help: usage on stdout, status 0"
+"$BIN/strata-serve" >/dev/null 2>"$TMP/err"
+is "$? $(head -1 "$TMP/err")" "2 strata-serve: no model given (-m MODEL)" "no model: usage error, status 2"
+"$BIN/strata-serve" -m x --port 70000 >/dev/null 2>"$TMP/err"
+is "$? $(head -1 "$TMP/err")" "2 strata-serve: --port must be an integer in 0..65535, not '70000'" \
+    "a bad --port: status 2 naming it"
+"$BIN/strata-serve" -m x --engine /nonexistent/engine --port 0 >/dev/null 2>"$TMP/err"
+rc=$?
+[ $rc != 0 ] && grep -q "engine for model 'x' exited with status 127 before it was ready" "$TMP/err"
+ok $? "an engine program that cannot run: the server exits saying so (status $rc)"
 done_testing
