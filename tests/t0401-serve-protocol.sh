@@ -148,7 +148,7 @@ is "$SERVER_RC" 0 "SIGTERM: clean exit (engines shut down, nothing leaked)"
 
 # usage
 "$BIN/strata-serve" --help >"$TMP/help" 2>&1
-is "$? $(head -c 20 "$TMP/help")" "0 usage: strata-serve" "--help: usage on stdout, status 0"
+is "$? $(head -c 19 "$TMP/help")" "0 usage: strata-serve" "--help: usage on stdout, status 0"
 "$BIN/strata-serve" >/dev/null 2>"$TMP/err"
 is "$? $(head -1 "$TMP/err")" "2 strata-serve: no model given (-m MODEL)" "no model: usage error, status 2"
 "$BIN/strata-serve" -m x --port 70000 >/dev/null 2>"$TMP/err"
