@@ -16,6 +16,7 @@
 #include "generate.h"
 #include "gguf.h"
 #include "log.h"
+#include "pack.h"
 #include "model.h"
 #include "pool.h"
 #include "sampler.h"
@@ -31,7 +32,7 @@ static const char usage_text[] =
     "       strata-generate -m MODEL --detokenize \"ID ID ...\"\n"
     "       strata-generate [-m MODEL] --render-chat FILE.json [--chat-template FILE] [--json]\n"
     "\n"
-    "  -m, --model MODEL       GGUF model file\n"
+    "  -m, --model MODEL       GGUF model file or pack directory\n"
     "  -p, --prompt TEXT       prompt text (default: read stdin)\n"
     "  -f, --file FILE         read the prompt from FILE\n"
     "      --prompt-ids LIST   prompt as comma-separated token ids\n"
@@ -1020,14 +1021,17 @@ int main(int argc, char **argv)
     strata_log_set_level(o.verbose ? STRATA_LOG_DEBUG : STRATA_LOG_WARN);
 
     struct strata_err err = { 0 };
-    struct strata_gguf *g = NULL;
+    struct strata_pack *pk = NULL; /* a pack directory, or a bare GGUF */
+    const struct strata_gguf *g = NULL;
     struct strata_vocab *v = NULL;
     struct strata_engine *e = NULL;
     int ret;
-    if (strata_gguf_open(&g, o.model, &err)) {
+    if (strata_pack_open(&pk, o.model, &err)) {
         ret = fail(&err);
         goto out;
     }
+    g = strata_pack_gguf(pk);
+    o.eo.pack = pk;
     if (strata_vocab_load(&v, g, &err)) {
         strata_err_wrap(&err, "'%s': ", o.model);
         ret = fail(&err);
@@ -1054,6 +1058,6 @@ int main(int argc, char **argv)
 out:
     strata_engine_close(e);
     strata_vocab_free(v);
-    strata_gguf_close(g);
+    strata_pack_close(pk);
     return ret;
 }

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "matmul.h"
 #include "model.h"
+#include "pack.h"
 #include "pool.h"
 #include "quant.h"
 
@@ -1142,6 +1143,32 @@ void strata_engine_opts_init(struct strata_engine_opts *o)
     o->device = -1;
 }
 
+/* Point the routed-expert weights at the pack's copy of them: a (data,
+ * bytes per expert) pair per tensor, which in a repacked pack lies inside
+ * experts.bin with the record size as stride (lib/pack.h). */
+static int use_pack_experts(struct strata_model *m, const struct strata_pack *p,
+                            struct strata_err *err)
+{
+    if (strata_pack_mode(p) != STRATA_PACK_REPACKED)
+        return 0; /* native: the GGUF's own bytes */
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        struct strata_weight *w[3] = {&m->layers[il].ffn_gate_exps, &m->layers[il].ffn_up_exps,
+                                      &m->layers[il].ffn_down_exps};
+        for (int k = 0; k < 3; k++) {
+            const void *data;
+            size_t stride;
+            if (!w[k]->data)
+                continue;
+            int rc = strata_pack_expert_tensor(p, w[k]->name, &data, &stride, err);
+            if (rc)
+                return rc;
+            w[k]->data = data;
+            w[k]->nb2 = stride;
+        }
+    }
+    return 0;
+}
+
 int strata_engine_open_gguf(struct strata_engine **out, const struct strata_gguf *g,
                             const struct strata_engine_opts *o, struct strata_err *err)
 {
@@ -1172,6 +1199,8 @@ int strata_engine_open_gguf(struct strata_engine **out, const struct strata_gguf
         goto out;
     }
     if ((rc = strata_model_load(&e->m, g, err)))
+        goto out;
+    if (e->o.pack && (rc = use_pack_experts(e->m, e->o.pack, err)))
         goto out;
     if (e->o.n_ctx == 0)
         e->o.n_ctx = e->m->hp.n_ctx_train < 4096 ? (int)e->m->hp.n_ctx_train : 4096;

@@ -32,6 +32,8 @@ enum strata_kv_type {
     STRATA_KV_F32 = 1,
 };
 
+struct strata_pack;
+
 struct strata_engine_opts {
     int n_threads;           /* worker threads; <= 0: the number of online CPUs */
     int n_ctx;               /* kv cache positions; <= 0: min(n_ctx_train, 4096) */
@@ -41,6 +43,8 @@ struct strata_engine_opts {
     int device;              /* GPU ordinal for GPU backends; -1 = default */
     const struct strata_backend_ops *backend_ops; /* overrides backend when non-NULL */
     void *backend_cfg;       /* backend-specific options (e.g. expert cache), opaque here */
+    const struct strata_pack *pack; /* routed experts from this pack (lib/pack.h: its
+                                       experts.bin when repacked); NULL: from the GGUF */
 };
 
 /* Fill o with the defaults above. */

@@ -1225,15 +1225,11 @@ int strata_pack_open(struct strata_pack **out, const char *path, struct strata_e
     if (!p)
         return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
     p->experts_fd = -1;
-    if (stat(path, &st)) {
-        rc = strata_err_set(err, errno == ENOENT ? STRATA_E_NOTFOUND : STRATA_E_IO,
-                            "cannot open '%s': %s", path, strerror(errno));
-        goto out;
-    }
     size_t n = strlen(path);
-    if (S_ISDIR(st.st_mode)) {
+    int exists = stat(path, &st) == 0; /* else the GGUF reader names the error */
+    if (exists && S_ISDIR(st.st_mode)) {
         dir = strdup(path);
-    } else if (n >= 9 && strcmp(path + n - 9, PACK_JSON) == 0) {
+    } else if (exists && n >= 9 && strcmp(path + n - 9, PACK_JSON) == 0) {
         dir = strdup(path);
         if (dir) {
             char *sl = strrchr(dir, '/');
@@ -1245,8 +1241,12 @@ int strata_pack_open(struct strata_pack **out, const char *path, struct strata_e
     } else {
         p->mode = STRATA_PACK_NATIVE;
         rc = strata_gguf_open(&p->g, path, err);
-        if (!rc)
-            rc = build_layers(p->g, &p->layers, &p->n_layer, err);
+        /* a bare GGUF the index cannot describe (no architecture, odd
+         * expert tensors) still opens: its loader reports what is wrong */
+        if (!rc && build_layers(p->g, &p->layers, &p->n_layer, NULL)) {
+            p->layers = NULL;
+            p->n_layer = 0;
+        }
         goto out;
     }
     if (!dir) {

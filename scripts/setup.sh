@@ -73,8 +73,10 @@ prep="$top/strata-prepare"
 [ -x "$prep" ] || { echo "setup.sh: $prep is missing (build first)" >&2; exit 1; }
 
 name="$family-$model"
+mkdir -p "$out" "$run_dir"
+out=$(cd "$out" && pwd)
+run_dir=$(cd "$run_dir" && pwd)
 pack="$out/$name.strata"
-mkdir -p "$out"
 if [ -e "$pack/pack.json" ]; then
     echo "setup.sh: $pack exists; keeping it (remove it or run strata-prepare --force)" >&2
 else
