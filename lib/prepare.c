@@ -672,6 +672,15 @@ int strata_prepare_run(const struct strata_prepare_opts *o, struct strata_err *e
         goto out;
     }
     made_partial = 1;
+    /* files an existing pack already downloaded (a --force rebuild, say from
+     * native to repacked) are linked, not fetched again; the download step
+     * still checks them against the expected hash */
+    for (int i = 0; i < j.n; i++) {
+        char *old = j.it[i].remote ? join(j.final_dir, base_name(j.it[i].path)) : NULL;
+        if (old && access(j.it[i].path, F_OK) != 0 && link(old, j.it[i].path) == 0)
+            strata_log_info("reusing '%s'", old);
+        free(old);
+    }
 
     /* downloads */
     int n_known = 0;

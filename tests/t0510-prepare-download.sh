@@ -42,6 +42,14 @@ check "no .part file left" sh -c "! ls '$O'/tc.strata/*.part 2>/dev/null"
 check "URL pack verifies" "$P" --verify "$O/tc.strata"
 check "progress lines on stderr (not a terminal)" grep -q 'tc.gguf: .*(100%).*done' "$T/e1"
 
+# --force rebuilds (here as repacked) from the files the pack already holds
+lines=$(wc -l <"$T/log")
+"$P" --out "$O" --force --repack $fast "http://127.0.0.1:$PORT/sub/tc.gguf" >/dev/null 2>&1; rc=$?
+check "--force --repack over a downloaded pack: exit 0" test $rc -eq 0
+check "... without fetching the file again" sh -c "! tail -n +$((lines + 1)) '$T/log' | grep -q '^GET'"
+check "... and the new pack is repacked and verifies" \
+    sh -c "test -s '$O/tc.strata/experts.bin' && '$P' --verify '$O/tc.strata'"
+
 # --- hf: through HF_ENDPOINT, repacked ------------------------------------------------
 HF_ENDPOINT="http://127.0.0.1:$PORT" "$P" --out "$O" --name hf --repack $fast \
     hf:someone/tiny-GGUF/sub/tc.gguf >/dev/null 2>"$T/e2"; rc=$?
