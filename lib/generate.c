@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "spec.h"
 #include "vocab.h"
 
 static double now_ms(void)
@@ -170,6 +171,9 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
     if (res->t_prefill_ms > 0)
         res->prefill_tps = (n_prompt - (size_t)n_common) / (res->t_prefill_ms / 1e3);
     strata_sampler_accept(smp, prompt, n_prompt);
+    if (p->spec)
+        strata_spec_begin(p->spec);
+    const float *cur = logits; /* the logits to sample from next */
 
     struct strata_detok dt;
     strata_detok_init(&dt, v, p->special ? STRATA_DETOK_SPECIAL : 0);
@@ -182,7 +186,7 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
         }
         float lp = 0;
         int n_top = p->n_top_logprobs;
-        int32_t id = strata_sampler_sample(smp, logits, &lp, n_top ? top : NULL, n_top);
+        int32_t id = strata_sampler_sample(smp, cur, &lp, n_top ? top : NULL, n_top);
         if (!p->ignore_eog && strata_vocab_is_eog(v, id)) {
             res->stop_reason = STRATA_STOP_EOG;
             break;
@@ -242,14 +246,18 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
             res->stop_reason = STRATA_STOP_LENGTH;
             break;
         }
-        if (strata_engine_n_past(e) >= n_ctx) {
+        if ((p->spec ? strata_spec_n_past(p->spec) : strata_engine_n_past(e)) >= n_ctx) {
             res->stop_reason = STRATA_STOP_CTX;
             break;
         }
-        if ((rc = strata_engine_eval(e, &id, 1, STRATA_LOGITS_LAST, logits, err)))
+        if ((rc = p->spec ? strata_spec_next(p->spec, id, &cur, err)
+                          : strata_engine_eval(e, &id, 1, STRATA_LOGITS_LAST, logits, err)))
             goto out;
         n_evals++;
     }
+    /* drop drafted positions that were never decided */
+    if (p->spec && (rc = strata_spec_end(p->spec, err)))
+        goto out;
     /* release what was held back (a partial stop string that never completed,
      * an incomplete UTF-8 tail) */
     if (res->stop_reason != STRATA_STOP_STRING) {

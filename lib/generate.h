@@ -26,6 +26,7 @@
 
 struct strata_engine;
 struct strata_vocab;
+struct strata_spec;
 
 enum strata_stop_reason {
     STRATA_STOP_NONE = 0,
@@ -49,6 +50,8 @@ struct strata_gen_params {
     int ignore_eog;           /* keep going past EOS/EOT */
     int n_top_logprobs;       /* 0 .. STRATA_GEN_MAX_TOP alternatives per token */
     int special;              /* render control tokens as text in the output */
+    struct strata_spec *spec; /* speculative decoding (spec.h; not owned), or NULL:
+                                 one token per forward call */
 };
 
 /* strata_sampler_params_init defaults, n_predict -1, no stop strings. */

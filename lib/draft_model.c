@@ -1,0 +1,100 @@
+/* draft_model.c - drafts from a small model with the target's vocabulary,
+ * run greedily through its own engine; and the (unavailable) drafts from a
+ * model's own multi-token-prediction layers. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "gguf.h"
+#include "sampler.h"
+#include "spec.h"
+
+struct model_state {
+    struct strata_engine *e; /* not owned */
+    float *logits;           /* [n_vocab] */
+};
+
+static int model_propose(void *state, const int32_t *hist, int32_t n_hist, int32_t n_max,
+                         int32_t *out, int32_t *n_out, struct strata_err *err)
+{
+    struct model_state *st = state;
+    const int32_t nv = strata_engine_n_vocab(st->e);
+    int rc;
+    *n_out = 0;
+    /* room in the draft's context: the history plus n_max - 1 drafted tokens */
+    int32_t room = strata_engine_n_ctx(st->e) - n_hist + 1;
+    if (n_max > room)
+        n_max = room;
+    if (n_max <= 0)
+        return 0;
+    for (int32_t i = 0; i < n_hist; i++)
+        if (hist[i] < 0 || hist[i] >= nv)
+            return 0; /* image positions: nothing the draft can read */
+    int32_t common = strata_engine_common_prefix(st->e, hist, n_hist);
+    if (common == n_hist)
+        common--; /* the last position must be evaluated for its logits */
+    if ((rc = strata_engine_rollback(st->e, common, err)) ||
+        (rc = strata_engine_eval(st->e, hist + common, n_hist - common, STRATA_LOGITS_LAST,
+                                 st->logits, err)))
+        return rc;
+    for (int32_t k = 0; k < n_max; k++) {
+        out[k] = strata_sampler_argmax(st->logits, nv);
+        *n_out = k + 1;
+        if (k + 1 < n_max &&
+            (rc = strata_engine_eval(st->e, out + k, 1, STRATA_LOGITS_LAST, st->logits, err)))
+            return rc;
+    }
+    return 0;
+}
+
+static void model_free(void *state)
+{
+    struct model_state *st = state;
+    if (st)
+        free(st->logits);
+    free(st);
+}
+
+int strata_draft_model_init(struct strata_spec_draft *d, struct strata_engine *draft,
+                            const struct strata_engine *target, struct strata_err *err)
+{
+    memset(d, 0, sizeof *d);
+    if (strata_engine_n_vocab(draft) != strata_engine_n_vocab(target))
+        return strata_err_set(err, STRATA_E_INVALID, "draft model vocabulary of %d tokens "
+                              "differs from the target's %d", strata_engine_n_vocab(draft),
+                              strata_engine_n_vocab(target));
+    struct model_state *st = calloc(1, sizeof *st);
+    if (st)
+        st->logits = malloc((size_t)strata_engine_n_vocab(draft) * sizeof *st->logits);
+    if (!st || !st->logits) {
+        model_free(st);
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    }
+    st->e = draft;
+    d->name = "draft";
+    d->state = st;
+    d->propose = model_propose;
+    d->free = model_free;
+    return 0;
+}
+
+int strata_draft_mtp_init(struct strata_spec_draft *d, const struct strata_gguf *g,
+                          struct strata_err *err)
+{
+    const char *arch = NULL;
+    char key[256];
+    uint32_t n = 0;
+    memset(d, 0, sizeof *d);
+    if (!g || strata_gguf_get_str(g, "general.architecture", &arch, NULL))
+        return strata_err_set(err, STRATA_E_UNSUPPORTED, "multi-token prediction unavailable: "
+                              "the model has no general.architecture");
+    snprintf(key, sizeof key, "%s.nextn_predict_layers", arch);
+    if (strata_gguf_get_u32(g, key, &n, NULL) || n == 0)
+        return strata_err_set(err, STRATA_E_UNSUPPORTED, "multi-token prediction unavailable: "
+                              "the model has no nextn layers (%s absent or 0); use "
+                              "--spec-mode ngram or --draft MODEL", key);
+    return strata_err_set(err, STRATA_E_UNSUPPORTED, "multi-token prediction unavailable: "
+                          "the model has %u nextn layers (%s) but drafting with them is not "
+                          "implemented; use --spec-mode ngram or --draft MODEL", n, key);
+}

@@ -1,0 +1,191 @@
+/* spec.h - speculative decoding: drafts and the verify window.
+ *
+ * A draft proposes up to T tokens that may follow the text so far.  The
+ * target engine evaluates the last accepted token plus the drafted tokens as
+ * one batch of consecutive positions (strata_engine_eval with
+ * STRATA_LOGITS_ALL: the same forward path as prefill), which yields the
+ * logits after every window position.  The generation loop (generate.c)
+ * samples from those rows one at a time exactly as it samples after a
+ * one-token decode; as long as the sampled token equals the drafted one the
+ * next row is already computed, and at the first difference the kv cache is
+ * rolled back past the rejected positions and the next window starts with
+ * the token the sampler chose.
+ *
+ * Why the output is exactly that of plain decoding:
+ *   - the engine computes every position's logits bitwise identically alone
+ *     or inside a batch (engine.h; docs/speculative.md lists the kernels and
+ *     why), so the rows of a window are the logits plain decoding would see;
+ *   - greedy: accepting the longest prefix of drafts equal to the argmax is
+ *     then byte-identical to plain decoding;
+ *   - sampling: the drafts here are deterministic (a point mass q at the
+ *     drafted token x).  Rejection sampling with such a q accepts x with
+ *     probability min(1, p(x)/q(x)) = p(x) and on rejection draws from
+ *     norm(max(0, p - q)) = p restricted to tokens != x.  Drawing one token
+ *     from p (the sampler's full chain: penalties, top-k, top-p, min-p,
+ *     temperature) and accepting when it equals x realises exactly that
+ *     coupling, with the same one uniform per position that plain decoding
+ *     uses - so a fixed seed gives the same tokens with and without
+ *     speculation.  strata_spec_accept_reject is the general step for a
+ *     draft distribution q that is not a point mass.
+ *
+ * Drafts:
+ *   ngram  prompt lookup: the longest suffix (ngram_max down to ngram_min
+ *          tokens) of the text so far that occurred before; propose what
+ *          followed its latest earlier occurrence.  No extra model; strong
+ *          for code edits that repeat their input.
+ *   draft  a small model with the same vocabulary, run greedily through its
+ *          own strata_engine (its kv cache keeps the common prefix).
+ *   mtp    the target's own multi-token-prediction (nextn) layers: reported
+ *          as unavailable (STRATA_E_UNSUPPORTED, naming why).
+ *
+ * Back-off: the number of drafted tokens per window adapts (up to T): it
+ * grows after windows that were fully accepted, shrinks to what was accepted
+ * after a partial one and halves after a rejected one; at 0 the loop decodes
+ * plainly for a while and then probes again.  A draft that finds nothing
+ * (n-gram without a match) costs only its search.
+ */
+#ifndef STRATA_SPEC_H
+#define STRATA_SPEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "err.h"
+
+struct strata_engine;
+struct strata_gguf;
+
+#define STRATA_SPEC_MAX 16 /* largest T */
+
+enum strata_spec_mode {
+    STRATA_SPEC_AUTO = 0, /* draft model when one is given, else n-gram */
+    STRATA_SPEC_NGRAM = 1,
+    STRATA_SPEC_DRAFT = 2,
+    STRATA_SPEC_MTP = 3,
+};
+
+/* "auto", "ngram", "draft", "mtp" -> enum strata_spec_mode; -1 if unknown. */
+int strata_spec_mode_parse(const char *name);
+const char *strata_spec_mode_name(int mode);
+
+struct strata_spec_opts {
+    int n_max;                  /* T: drafted tokens per window, 0..STRATA_SPEC_MAX;
+                                   0 = plain decoding (default 4) */
+    int mode;                   /* enum strata_spec_mode (default AUTO) */
+    struct strata_engine *draft; /* the draft model's engine (mode DRAFT/AUTO); not
+                                    owned, must outlive the spec object */
+    int ngram_min, ngram_max;   /* suffix lengths tried, longest first (default 2, 5) */
+    int adaptive;               /* 1: back off when acceptance is low (default 1) */
+};
+
+void strata_spec_opts_init(struct strata_spec_opts *o);
+
+/* Counters since creation (or strata_spec_stats_reset).  A step is one
+ * forward call of the target engine on a verify window. */
+struct strata_spec_stats {
+    uint64_t n_steps;    /* verify windows evaluated */
+    uint64_t n_tokens;   /* tokens whose logits came from windows (1 + accepted per step) */
+    uint64_t n_drafted;  /* drafted tokens sent to verification */
+    uint64_t n_accepted; /* drafted tokens accepted */
+    double t_draft_ms;   /* time spent drafting */
+    double t_verify_ms;  /* time of the windows' forward calls */
+};
+
+/* ---- drafts ---- */
+
+/* A draft proposes up to n_max tokens that follow hist[0..n_hist) (the
+ * target's token history including the last accepted token; -1 marks an
+ * image position).  It writes them to out and their count to *n_out (0 is
+ * fine: nothing to propose).  Errors are the draft's (engine errors of a
+ * draft model). */
+struct strata_spec_draft {
+    const char *name;
+    void *state;
+    int (*propose)(void *state, const int32_t *hist, int32_t n_hist, int32_t n_max,
+                   int32_t *out, int32_t *n_out, struct strata_err *err);
+    void (*free)(void *state); /* may be NULL */
+};
+
+/* Prompt lookup over hist (see above): *n_out tokens copied from after the
+ * latest earlier occurrence of the longest matching suffix of ngram_max ..
+ * ngram_min tokens (never -1 tokens).  Returns *n_out. */
+int32_t strata_draft_ngram(const int32_t *hist, int32_t n_hist, int ngram_min, int ngram_max,
+                           int32_t n_max, int32_t *out);
+
+/* A draft backed by the n-gram lookup.  Errors: STRATA_E_INVALID (lengths
+ * outside 1..64 or min > max), STRATA_E_NOMEM. */
+int strata_draft_ngram_init(struct strata_spec_draft *d, int ngram_min, int ngram_max,
+                            struct strata_err *err);
+
+/* A draft backed by a model's engine (not owned).  Greedy: each drafted
+ * token is the argmax after the previous one.  Errors: STRATA_E_INVALID (the
+ * vocabularies' sizes differ: says both), STRATA_E_NOMEM. */
+int strata_draft_model_init(struct strata_spec_draft *d, struct strata_engine *draft,
+                            const struct strata_engine *target, struct strata_err *err);
+
+/* Multi-token prediction from the target's own nextn layers.  Always fails
+ * with STRATA_E_UNSUPPORTED: with a message saying the GGUF has no
+ * '<arch>.nextn_predict_layers' (or it is 0), or that it has N such layers
+ * and drafting with them is not implemented. */
+int strata_draft_mtp_init(struct strata_spec_draft *d, const struct strata_gguf *g,
+                          struct strata_err *err);
+
+/* ---- the verify loop ---- */
+
+struct strata_spec;
+
+/* Create the speculative state for target (not owned, must outlive it).
+ * o NULL = defaults.  The draft follows o->mode (AUTO: draft model if
+ * o->draft, else n-gram).  *out is owned by the caller (strata_spec_free).
+ * Errors: STRATA_E_INVALID (n_max outside 0..16, mode DRAFT without a draft
+ * engine, mismatched vocabularies; names it), STRATA_E_UNSUPPORTED (mtp),
+ * STRATA_E_NOMEM. */
+int strata_spec_create(struct strata_spec **out, struct strata_engine *target,
+                       const struct strata_spec_opts *o, struct strata_err *err);
+void strata_spec_free(struct strata_spec *s); /* NULL is accepted */
+
+/* The draft in use ("ngram", "draft", "none" when n_max is 0). */
+const char *strata_spec_draft_name(const struct strata_spec *s);
+int strata_spec_n_max(const struct strata_spec *s);
+
+/* Start a generation: forget any window (the caller has set up the kv cache
+ * itself, e.g. after a prefill). */
+void strata_spec_begin(struct strata_spec *s);
+
+/* The loop's decode step: id is the token just accepted (it follows the
+ * positions the loop has logically evaluated).  Points *logits at the
+ * [n_vocab] float32 logits after id - a row of the current window when id
+ * equals its next drafted token, else the first row of a new window that
+ * starts with id (after rolling back rejected positions and drafting up to
+ * the current window size, bounded by the free context).  *logits is valid
+ * until the next call.  Errors: engine and draft errors; after one the
+ * state is as after strata_spec_begin with the kv cache unchanged or rolled
+ * back to the logical position. */
+int strata_spec_next(struct strata_spec *s, int32_t id, const float **logits,
+                     struct strata_err *err);
+
+/* Positions logically evaluated (the kv cache may also hold drafted
+ * positions not yet decided). */
+int32_t strata_spec_n_past(const struct strata_spec *s);
+
+/* End a generation: roll the kv cache back to strata_spec_n_past, so the
+ * engine's history is what plain decoding would have left.  Errors: engine
+ * errors. */
+int strata_spec_end(struct strata_spec *s, struct strata_err *err);
+
+/* Counters (for --stats, --json and server metrics); st is filled. */
+void strata_spec_stats_get(const struct strata_spec *s, struct strata_spec_stats *st);
+void strata_spec_stats_reset(struct strata_spec *s);
+
+/* ---- the general rejection-sampling step ----
+ *
+ * Target probabilities p[n] and draft probabilities q[n] (each summing to 1),
+ * the drafted token x (drawn from q), two uniforms u1, u2 in [0, 1).  Accept
+ * x when u1 * q[x] < p[x] (probability min(1, p(x)/q(x))); otherwise draw
+ * from norm(max(0, p - q)) by inverse CDF with u2 (p itself when that is all
+ * zero).  *accepted (may be NULL) is set to 1 or 0.  The result is
+ * distributed exactly as p (Leviathan et al. 2023, Chen et al. 2023). */
+int32_t strata_spec_accept_reject(const float *p, const float *q, int32_t n, int32_t x,
+                                  double u1, double u2, int *accepted);
+
+#endif
