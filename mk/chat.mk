@@ -8,3 +8,18 @@ bench-chat: $(B)/bench/bench_chat
 $(B)/bench/bench_chat: tests/bench/bench_chat.c $(B)/rel/libstrata.a
 	@mkdir -p $(B)/bench
 	$(CC) $(REL_CFLAGS) $< -o $@ $(B)/rel/libstrata.a $(LIBS)
+
+# make fuzz-jinja (part of make fuzz): the template interpreter under libFuzzer for
+# FUZZ_SECONDS, seeded with the fixture templates.  A crash leaves its input in
+# $(B)/fuzz/jinja-*.
+$(B)/fuzz/fuzz_jinja: tests/fuzz/fuzz_jinja.c lib/jinja.c lib/err.c | fuzz-deps
+	@mkdir -p $(B)/fuzz
+	$(FUZZ_CC) $(CSTD) $(WARN) -g -O1 -fsanitize=fuzzer,address,undefined \
+	    -fno-sanitize-recover=all -Ilib $(filter %.c,$^) -o $@ -lcjson -lutf8proc -lm
+.PHONY: fuzz-jinja
+fuzz: fuzz-jinja
+fuzz-jinja: $(B)/fuzz/fuzz_jinja
+	mkdir -p $(B)/fuzz/jinja-corpus
+	$(B)/fuzz/fuzz_jinja -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -timeout=10 \
+	    -rss_limit_mb=2048 -dict=tests/fuzz/jinja.dict -artifact_prefix=$(B)/fuzz/jinja- \
+	    $(B)/fuzz/jinja-corpus $(FIXTURES)/templates
