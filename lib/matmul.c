@@ -20,7 +20,9 @@
 
 #define TILE_TOK 32
 #define TILE_ACT_BYTES (192 * 1024)
-#define PF_ROWS 2
+#ifndef PF_ROWS
+#define PF_ROWS 4
+#endif
 
 struct mm_job {
     strata_vec_dot_fn dot;
@@ -55,7 +57,7 @@ static void mm_worker(void *vctx, int ith, int nth)
                 /* reading a row at a time leaves too few misses in flight
                  * for the core to reach the memory bandwidth: ask for the
                  * row PF_ROWS ahead (into L2) while this one is computed */
-                if (nt == 1 && r + PF_ROWS < rb) {
+                if (PF_ROWS > 0 && nt == 1 && r + PF_ROWS < rb) {
                     const char *pf = wr + PF_ROWS * j->w->nb1;
                     for (size_t o = 0; o < j->row_bytes; o += 64)
                         __builtin_prefetch(pf + o, 0, 2);
