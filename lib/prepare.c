@@ -816,6 +816,7 @@ int strata_prepare_list(const char *dir, uint32_t n_ctx, int json, FILE *out,
         cJSON_ArrayForEach(m, mlist) {
             uint64_t total = 0;
             int approx = 0, nf = 0, local = 0;
+            char *first_local = NULL;
             const cJSON *f;
             cJSON_ArrayForEach(f, cJSON_GetObjectItemCaseSensitive(m, "files")) {
                 const char *src = jstr(f, "src");
@@ -825,7 +826,10 @@ int strata_prepare_list(const char *dir, uint32_t n_ctx, int json, FILE *out,
                     struct stat st;
                     if (x && !stat(x, &st))
                         sz = (uint64_t)st.st_size;
-                    free(x);
+                    if (!first_local)
+                        first_local = x;
+                    else
+                        free(x);
                     local = 1;
                 }
                 total += sz;
@@ -835,7 +839,13 @@ int strata_prepare_list(const char *dir, uint32_t n_ctx, int json, FILE *out,
             struct strata_pack_info in;
             const cJSON *arch = cJSON_GetObjectItemCaseSensitive(p, "arch");
             estimate(arch, total, n_ctx, 0, &in);
-            int have_mem = arch != NULL;
+            int have_mem = arch != NULL, exact = 0;
+            struct strata_gguf *lg = NULL;
+            if (first_local && !strata_gguf_open(&lg, first_local, NULL) &&
+                !strata_pack_plan_gguf(lg, n_ctx, 0, &in, NULL))
+                have_mem = exact = 1; /* a local model: exact figures */
+            strata_gguf_close(lg);
+            free(first_local);
             if (json) {
                 cJSON *o = cJSON_CreateObject();
                 cJSON_AddItemToArray(arr, o);
@@ -857,8 +867,8 @@ int strata_prepare_list(const char *dir, uint32_t n_ctx, int json, FILE *out,
                 char a[32], b[32] = "-", c[32] = "-";
                 gib(a, sizeof(a), total, approx);
                 if (have_mem) {
-                    gib(b, sizeof(b), in.vram_min, 1);
-                    gib(c, sizeof(c), in.ram_bytes, 1);
+                    gib(b, sizeof(b), in.vram_min, !exact);
+                    gib(c, sizeof(c), in.ram_bytes, !exact);
                 }
                 fprintf(out, "%-16s %-12s %6d %14s %14s %14s\n", fam, m->string, nf, a, b, c);
             }
