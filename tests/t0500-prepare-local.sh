@@ -61,6 +61,22 @@ sed -i '0,/"offset":[[:space:]]*[0-9]*/s//"offset": 7/' "$O/rp.strata/pack.json"
 check "an index entry that does not match the GGUF: exit 3, tensor named" \
     sh -c "test $rc -eq 3 && grep -q \"index entry of tensor '.*' does not match\" '$T/e4'"
 cp "$T/pack.json.bak" "$O/rp.strata/pack.json"
+sed -i '0,/"record_size":[[:space:]]*[0-9]*/s//"record_size": 4096/' "$O/rp.strata/pack.json"
+"$P" --verify "$O/rp.strata" >/dev/null 2>"$T/e4b"; rc=$?
+check "a tampered expert record size: exit 3, layer named" \
+    sh -c "test $rc -eq 3 && grep -q 'expert index of layer 0 does not match' '$T/e4b'"
+cp "$T/pack.json.bak" "$O/rp.strata/pack.json"
+echo '{"format": "strata-pack", "version": 1,' >"$O/rp.strata/pack.json"
+"$P" --verify "$O/rp.strata" >/dev/null 2>"$T/e4c"; rc=$?
+check "a pack.json that is not JSON: exit 3" \
+    sh -c "test $rc -eq 3 && grep -q 'pack.json. is not a strata pack description' '$T/e4c'"
+cp "$T/pack.json.bak" "$O/rp.strata/pack.json"
+mv "$O/rp.strata/experts.bin" "$T/eb"
+"$P" --verify "$O/rp.strata" >/dev/null 2>"$T/e4d"; rc=$?
+check "a missing experts.bin: exit 3, named" \
+    sh -c "test $rc -eq 3 && grep -q \"missing file '.*rp.strata/experts.bin'\" '$T/e4d'"
+mv "$T/eb" "$O/rp.strata/experts.bin"
+check "--verify passes once everything is back" "$P" --verify "$O/rp.strata"
 
 # --- 3-shard split set -------------------------------------------------------------
 mkdir -p "$T/split"
