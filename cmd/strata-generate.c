@@ -21,6 +21,7 @@
 #include "pool.h"
 #include "sampler.h"
 #include "serve_stdio.h"
+#include "spec.h"
 #include "vocab.h"
 
 static const char usage_text[] =
@@ -53,6 +54,12 @@ static const char usage_text[] =
     "      --stop TEXT         stop string (repeatable)\n"
     "      --ignore-eos        do not stop at end-of-generation tokens\n"
     "      --top-logprobs N    alternatives per token in --json (0..20)\n"
+    "      --spec T            speculative decoding: verify up to T drafted tokens per\n"
+    "                          step (0..16; default 0 = plain decoding); same output\n"
+    "      --spec-mode M       ngram (prompt lookup), draft (--draft), mtp, auto\n"
+    "                          (default: draft when --draft is given, else ngram)\n"
+    "      --draft MODEL       draft model GGUF with the same vocabulary\n"
+    "      --stats             print speculative statistics to stderr\n"
     "  -t, --threads N         worker threads (default: all CPUs)\n"
     "  -c, --ctx N             context size (default min(model's, 4096))\n"
     "      --prefill N         prompt chunk size (default 512)\n"
@@ -94,6 +101,8 @@ struct opts {
     const char *render_chat, *chat_template;
     int chat;                      /* --chat: the prompt is a user message */
     const char *system;            /* --system TEXT */
+    int spec_n, spec_mode, stats;  /* --spec T, --spec-mode, --stats */
+    const char *draft;             /* --draft MODEL */
     const struct strata_gguf *gguf; /* the open model, for --chat */
     const char *stop[MAX_STOP];
     size_t n_stop;
@@ -418,9 +427,63 @@ out:
     return rc;
 }
 
+/* --spec: the speculative state, with the draft model's engine for --draft. */
+static int spec_open(const struct opts *o, struct strata_engine *e, struct strata_engine **de,
+                     struct strata_spec **sp, struct strata_err *err)
+{
+    struct strata_spec_opts so;
+    int rc;
+    strata_spec_opts_init(&so);
+    so.n_max = o->spec_n;
+    so.mode = o->spec_mode;
+    if (o->draft && o->spec_n > 0 &&
+        (o->spec_mode == STRATA_SPEC_AUTO || o->spec_mode == STRATA_SPEC_DRAFT)) {
+        struct strata_engine_opts eo = o->eo;
+        eo.n_ctx = strata_engine_n_ctx(e);
+        eo.pack = NULL;
+        if ((rc = strata_engine_open(de, o->draft, &eo, err))) {
+            strata_err_wrap(err, "draft model '%s': ", o->draft);
+            return rc;
+        }
+        so.draft = *de;
+    }
+    return strata_spec_create(sp, e, &so, err);
+}
+
+/* Acceptance, tokens and time per verify step, for --json and --stats. */
+static void spec_report(const struct strata_spec *sp, cJSON *j)
+{
+    struct strata_spec_stats st;
+    strata_spec_stats_get(sp, &st);
+    double acc = st.n_drafted ? (double)st.n_accepted / st.n_drafted : 0;
+    double tps = st.n_steps ? (double)st.n_tokens / st.n_steps : 0;
+    double ms = st.n_steps ? (st.t_verify_ms + st.t_draft_ms) / st.n_steps : 0;
+    if (j) {
+        cJSON *x = cJSON_AddObjectToObject(j, "spec");
+        cJSON_AddNumberToObject(x, "n_max", strata_spec_n_max(sp));
+        cJSON_AddStringToObject(x, "draft", strata_spec_draft_name(sp));
+        cJSON_AddNumberToObject(x, "steps", (double)st.n_steps);
+        cJSON_AddNumberToObject(x, "drafted", (double)st.n_drafted);
+        cJSON_AddNumberToObject(x, "accepted", (double)st.n_accepted);
+        cJSON_AddNumberToObject(x, "acceptance", acc);
+        cJSON_AddNumberToObject(x, "tokens_per_step", tps);
+        cJSON_AddNumberToObject(x, "ms_per_step", ms);
+        cJSON_AddNumberToObject(x, "draft_ms", st.t_draft_ms);
+        cJSON_AddNumberToObject(x, "verify_ms", st.t_verify_ms);
+        return;
+    }
+    fprintf(stderr, PROG ": spec T %d, draft %s: %llu steps, %llu drafted, %llu accepted "
+            "(%.1f%%), %.2f tokens/step, %.3f ms/step (draft %.1f ms, verify %.1f ms)\n",
+            strata_spec_n_max(sp), strata_spec_draft_name(sp), (unsigned long long)st.n_steps,
+            (unsigned long long)st.n_drafted, (unsigned long long)st.n_accepted, 100 * acc,
+            tps, ms, st.t_draft_ms, st.t_verify_ms);
+}
+
 static int run_generate(struct opts *o, struct strata_engine *e, const struct strata_vocab *v)
 {
     struct strata_err err = { 0 };
+    struct strata_engine *draft = NULL;
+    struct strata_spec *sp = NULL;
     int32_t *ids = NULL;
     size_t n_ids = 0;
     struct strata_gen_result res = { 0 };
@@ -447,6 +510,9 @@ static int run_generate(struct opts *o, struct strata_engine *e, const struct st
     }
     o->gp.stop = o->stop;
     o->gp.n_stop = o->n_stop;
+    if ((o->spec_n > 0 || o->stats) && (rc = spec_open(o, e, &draft, &sp, &err)))
+        goto out;
+    o->gp.spec = sp;
     struct gen_out g = { o };
     rc = strata_generate(e, v, ids, n_ids, &o->gp, on_token, &g, &res, &err);
     if (rc)
@@ -465,6 +531,8 @@ static int run_generate(struct opts *o, struct strata_engine *e, const struct st
         if (res.stop_index >= 0)
             cJSON_AddNumberToObject(j, "stop_index", res.stop_index);
         cJSON_AddStringToObject(j, "text", res.text);
+        if (sp)
+            spec_report(sp, j);
         char *s = cJSON_PrintUnformatted(j);
         if (s)
             printf("%s\n", s);
@@ -478,9 +546,14 @@ static int run_generate(struct opts *o, struct strata_engine *e, const struct st
         strata_log_info("prompt %d tokens (%d cached) %.1f tok/s; generated %d tokens "
                         "%.1f tok/s; stop: %s", res.n_prompt, res.n_cached, res.prefill_tps,
                         res.n_gen, res.decode_tps, strata_stop_reason_name(res.stop_reason));
+    if (sp && o->stats)
+        spec_report(sp, NULL);
 out:
     strata_gen_result_free(&res);
     free(ids);
+    o->gp.spec = NULL;
+    strata_spec_free(sp);
+    strata_engine_close(draft);
     if (rc) {
         /* a prompt that does not fit is bad input */
         if (err.code == STRATA_E_LIMIT && strstr(err.msg, "does not fit"))
@@ -734,6 +807,7 @@ enum {
     OPT_TOKENIZE, OPT_DETOKENIZE, OPT_ADD_BOS, OPT_NO_SPECIAL,
     OPT_SERVE_STDIO,
     OPT_RENDER_CHAT, OPT_CHAT_TEMPLATE, OPT_CHAT, OPT_SYSTEM,
+    OPT_SPEC, OPT_SPEC_MODE, OPT_DRAFT, OPT_STATS,
 };
 
 /* ---- mode: tokenize / detokenize (needs only the vocabulary) ---- */
@@ -909,6 +983,10 @@ int main(int argc, char **argv)
         {"chat-template", required_argument, NULL, OPT_CHAT_TEMPLATE},
         {"chat", no_argument, NULL, OPT_CHAT},
         {"system", required_argument, NULL, OPT_SYSTEM},
+        {"spec", required_argument, NULL, OPT_SPEC},
+        {"spec-mode", required_argument, NULL, OPT_SPEC_MODE},
+        {"draft", required_argument, NULL, OPT_DRAFT},
+        {"stats", no_argument, NULL, OPT_STATS},
         {"verbose", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -997,6 +1075,16 @@ int main(int argc, char **argv)
         case OPT_CHAT: o.chat = 1; break;
         case OPT_SYSTEM: o.system = optarg; o.chat = 1; break;
         case OPT_CHAT_TEMPLATE: o.chat_template = optarg; break;
+        case OPT_SPEC: bad = parse_int("--spec", optarg, 0, STRATA_SPEC_MAX, &o.spec_n); break;
+        case OPT_SPEC_MODE:
+            if ((o.spec_mode = strata_spec_mode_parse(optarg)) < 0) {
+                fprintf(stderr, PROG ": invalid --spec-mode '%s' (ngram, draft, mtp, auto)\n",
+                        optarg);
+                bad = 1;
+            }
+            break;
+        case OPT_DRAFT: o.draft = optarg; break;
+        case OPT_STATS: o.stats = 1; break;
         case 'v': o.verbose = 1; break;
         case 'h': fputs(usage_text, stdout); return STRATA_EXIT_OK;
         default: bad = 1; break;
