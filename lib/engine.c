@@ -633,22 +633,40 @@ static void attn_item_avx2_f16(const float *q, int G, int hk, int hv, int n_pos,
     float mx[ATTN_MAX_GQA], sum[ATTN_MAX_GQA];
     for (int g = 0; g < G; g++)
         mx[g] = -INFINITY;
-    for (int p = 0; p < n_pos; p++) {
-        const uint16_t *kp = kc + (size_t)p * krow;
+    /* scores of 8 positions at a time, reduced together; a block past the
+     * end repeats the last row, so every position is computed the same way
+     * whatever n_pos is (batch invariance) */
+    for (int p0 = 0; p0 < n_pos; p0 += 8) {
+        const uint16_t *kp[8];
+        for (int j = 0; j < 8; j++)
+            kp[j] = kc + (size_t)(p0 + j < n_pos ? p0 + j : n_pos - 1) * krow;
         for (int g = 0; g < G; g++) {
             const float *qg = q + (size_t)g * hk;
-            __m256 acc = _mm256_setzero_ps();
-            for (int i = 0; i < hk; i += 8)
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i),
-                                      _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kp + i))),
-                                      acc);
-            __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-            lo = _mm_hadd_ps(lo, lo);
-            lo = _mm_hadd_ps(lo, lo);
-            float v = _mm_cvtss_f32(lo) * scale;
-            sc[(size_t)g * n_pos + p] = v;
-            if (v > mx[g])
-                mx[g] = v;
+            __m256 acc[8];
+            for (int j = 0; j < 8; j++)
+                acc[j] = _mm256_setzero_ps();
+            for (int i = 0; i < hk; i += 8) {
+                __m256 qv = _mm256_loadu_ps(qg + i);
+                for (int j = 0; j < 8; j++)
+                    acc[j] = _mm256_fmadd_ps(
+                        qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kp[j] + i))),
+                        acc[j]);
+            }
+            __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
+            __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
+            t0 = _mm256_hadd_ps(t0, t1);
+            t2 = _mm256_hadd_ps(t2, t3);
+            __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(t0, t2, 0x20),
+                                     _mm256_permute2f128_ps(t0, t2, 0x31));
+            float v8[8];
+            _mm256_storeu_ps(v8, _mm256_mul_ps(r, _mm256_set1_ps(scale)));
+            const int nj = n_pos - p0 < 8 ? n_pos - p0 : 8;
+            float *sg = sc + (size_t)g * n_pos + p0;
+            for (int j = 0; j < nj; j++) {
+                sg[j] = v8[j];
+                if (v8[j] > mx[g])
+                    mx[g] = v8[j];
+            }
         }
     }
     for (int g = 0; g < G; g++) {
