@@ -23,3 +23,17 @@ fuzz-jinja: $(B)/fuzz/fuzz_jinja
 	$(B)/fuzz/fuzz_jinja -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -timeout=10 \
 	    -rss_limit_mb=2048 -dict=tests/fuzz/jinja.dict -artifact_prefix=$(B)/fuzz/jinja- \
 	    $(B)/fuzz/jinja-corpus $(FIXTURES)/templates
+
+# make fuzz-chat-parse (part of make fuzz): the reply parser of every tool-call format.
+$(B)/fuzz/fuzz_chat_parse: tests/fuzz/fuzz_chat_parse.c lib/chat.c lib/jinja.c lib/err.c \
+                           lib/gguf.c lib/ggml_types.c lib/log.c | fuzz-deps
+	@mkdir -p $(B)/fuzz
+	$(FUZZ_CC) $(CSTD) $(WARN) -g -O1 -fsanitize=fuzzer,address,undefined \
+	    -fno-sanitize-recover=all -Ilib $(filter %.c,$^) -o $@ -lcjson -lutf8proc -lm
+.PHONY: fuzz-chat-parse
+fuzz: fuzz-chat-parse
+fuzz-chat-parse: $(B)/fuzz/fuzz_chat_parse
+	mkdir -p $(B)/fuzz/chat-parse-corpus
+	$(B)/fuzz/fuzz_chat_parse -max_total_time=$(FUZZ_SECONDS) -max_len=4096 -timeout=10 \
+	    -dict=tests/fuzz/chat_parse.dict -artifact_prefix=$(B)/fuzz/chat-parse- \
+	    $(B)/fuzz/chat-parse-corpus
