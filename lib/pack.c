@@ -405,18 +405,57 @@ out:
 struct src_hasher {
     const struct strata_gguf *g;
     char (*hex)[STRATA_SHA256_HEX];
-    const struct strata_pack_build_opts *o;
-    struct strata_err err;
+    pthread_mutex_t mu;
+    uint32_t next;         /* the next shard to take */
+    struct strata_err err; /* the first failure */
     int rc;
 };
 
+/* SHA-256 is sequential within a file, so the shards of a split set are
+ * hashed side by side, each by whichever thread takes it next. */
 static void *src_hasher_main(void *arg)
 {
     struct src_hasher *sh = arg;
-    for (uint32_t s = 0; !sh->rc && s < strata_gguf_n_shards(sh->g); s++)
-        if (!sh->hex[s][0])
-            sh->rc = hash_shard(sh->g, s, sh->hex[s], NULL, &sh->err);
+    uint32_t n = strata_gguf_n_shards(sh->g);
+    for (;;) {
+        pthread_mutex_lock(&sh->mu);
+        uint32_t s = sh->next;
+        while (s < n && sh->hex[s][0])
+            s++;
+        sh->next = s + 1;
+        int stop = sh->rc || s >= n;
+        pthread_mutex_unlock(&sh->mu);
+        if (stop)
+            break;
+        struct strata_err e = {0};
+        char hex[STRATA_SHA256_HEX];
+        int rc = hash_shard(sh->g, s, hex, NULL, &e);
+        pthread_mutex_lock(&sh->mu);
+        if (rc && !sh->rc) {
+            sh->rc = rc;
+            sh->err = e;
+        }
+        if (!rc)
+            memcpy(sh->hex[s], hex, sizeof(hex));
+        pthread_mutex_unlock(&sh->mu);
+    }
     return NULL;
+}
+
+#define MAX_HASHERS 4
+
+/* Start up to MAX_HASHERS threads for the shards without a hash; with none
+ * started the caller hashes them itself (src_hasher_main). */
+static int start_hashers(struct src_hasher *sh, pthread_t *th)
+{
+    uint32_t todo = 0;
+    int n = 0;
+    for (uint32_t s = 0; s < strata_gguf_n_shards(sh->g); s++)
+        todo += !sh->hex[s][0];
+    while (n < MAX_HASHERS && (uint32_t)n < todo &&
+           pthread_create(&th[n], NULL, src_hasher_main, sh) == 0)
+        n++;
+    return n;
 }
 
 /* experts.bin is written in record order by a writer thread that hashes
@@ -449,8 +488,8 @@ static void *writer_main(void *arg)
             pthread_mutex_unlock(&w->mu);
             break;
         }
-        pthread_mutex_unlock(&w->mu);
         int rc = w->rc;
+        pthread_mutex_unlock(&w->mu);
         if (!rc) {
             strata_sha256_update(w->h, w->block[i], w->len[i]);
             rc = strata_pack_pwrite_all(w->fd, w->block[i], w->len[i], w->off[i], w->path,
@@ -888,19 +927,32 @@ int strata_pack_build(const struct strata_pack_build_opts *o, struct strata_err 
         if (k)
             snprintf(hex[s], STRATA_SHA256_HEX, "%s", k);
     }
-    if (fd_out < 0) {
-        for (uint32_t s = 0; s < n_shards; s++)
-            if (!hex[s][0] && (rc = hash_shard(g, s, hex[s], o, err)))
-                goto out;
+    if (fd_out < 0 && n_shards == 1) {
+        if (!hex[0][0] && (rc = hash_shard(g, 0, hex[0], o, err)))
+            goto out;
+    } else if (fd_out < 0) {
+        struct src_hasher sh = {.g = g, .hex = hex, .mu = PTHREAD_MUTEX_INITIALIZER};
+        pthread_t th[MAX_HASHERS];
+        int n_th = start_hashers(&sh, th);
+        if (!n_th)
+            src_hasher_main(&sh);
+        for (int i = 0; i < n_th; i++)
+            pthread_join(th[i], NULL);
+        if (sh.rc) {
+            rc = sh.rc;
+            if (err)
+                *err = sh.err;
+            goto out;
+        }
     } else {
-        struct src_hasher sh = {.g = g, .hex = hex, .o = o};
-        pthread_t th;
-        int hashing = pthread_create(&th, NULL, src_hasher_main, &sh) == 0;
-        if (!hashing)
+        struct src_hasher sh = {.g = g, .hex = hex, .mu = PTHREAD_MUTEX_INITIALIZER};
+        pthread_t th[MAX_HASHERS];
+        int n_th = start_hashers(&sh, th);
+        if (!n_th)
             src_hasher_main(&sh);
         rc = write_experts(g, L, n_layer, fd_out, tmp_path, bin_hex, bin_size, o, err);
-        if (hashing)
-            pthread_join(th, NULL);
+        for (int i = 0; i < n_th; i++)
+            pthread_join(th[i], NULL);
         if (!rc && sh.rc) {
             rc = sh.rc;
             if (err)
