@@ -126,6 +126,11 @@ check "small disk refused: exit 1" test $rc -eq 1
 check "refusal gives the numbers" grep -q 'not enough disk space in .*: the pack needs .* bytes), .* (1000000 bytes) free' "$T/e11"
 check "small disk: nothing created" test ! -e "$O/small.strata" -a ! -e "$O/small.strata.partial"
 
+# --- --plan only ------------------------------------------------------------------------
+"$P" --out "$O" --name planonly --repack --context 8192 --plan "$M" >"$T/o11b" 2>&1; rc=$?
+check "--plan: exit 0, plan printed" sh -c "test $rc -eq 0 && grep -q 'kv cache at context 8192' '$T/o11b'"
+check "--plan: nothing created" test ! -e "$O/planonly.strata" -a ! -e "$O/planonly.strata.partial"
+
 # --- presets offline ---------------------------------------------------------------
 "$P" --list >"$T/o12" 2>&1; rc=$?
 check "--list: exit 0" test $rc -eq 0
