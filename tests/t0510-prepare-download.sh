@@ -129,13 +129,13 @@ check "404: message" grep -q "missing.gguf': HTTP 404 not found" "$T/e8"
 check "404: nothing left" test ! -e "$O/nf.strata" -a ! -e "$O/nf.strata.partial"
 
 # --- a server that stalls -----------------------------------------------------------------
-serve --fault stall --stall-s 8
-start=$(date +%s)
+# (the server would close the connection after 30 s, which curl would report
+# as a cut transfer: "stalled" shows the client's own timeout fired first)
+serve --fault stall --stall-s 30
 "$P" --out "$O" --name st --retries 0 --stall-timeout 1 "http://127.0.0.1:$PORT/sub/tc.gguf" \
     >/dev/null 2>"$T/e9"; rc=$?
 check "stall: exit 1" test $rc -eq 1
 check "stall: message says stalled" grep -q "sub/tc.gguf': stalled: no data for 1 s" "$T/e9"
-check "stall: gave up well before the server's 8 s" test $(($(date +%s) - start)) -lt 7
 check "stall: no pack" test ! -e "$O/st.strata" -a ! -e "$O/st.strata.partial/pack.json"
 
 # --- offline -----------------------------------------------------------------------------
