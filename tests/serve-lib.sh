@@ -22,6 +22,8 @@ tap_n=0
 tap_fail=0
 
 cleanup() {
+    # a background job killed before it exec'ed can run this trap: only the test itself may
+    [ "$BASHPID" = "$$" ] || return 0
     if [ -n "$SERVER_PID" ]; then
         kill -9 "$SERVER_PID" 2>/dev/null
         wait "$SERVER_PID" 2>/dev/null
@@ -125,6 +127,13 @@ post() {
 }
 
 status() { cat "$TMP/status"; }
+
+# data_lines FILE: number of SSE data lines in FILE so far (0 before it exists)
+data_lines() {
+    local n
+    n=$(grep -c '^data: ' "$1" 2>/dev/null)
+    echo "${n:-0}"
+}
 
 # sse_text FILE: concatenated content deltas (chat) or text (completions) of an SSE stream
 sse_text() {

@@ -71,11 +71,11 @@ for kind in inside across; do
     is "$(sse_text "$TMP/sse")" "$wantc" "stop string $kind a token: streamed text identical"
 done
 
-# chat: the model's template (ChatML) rendered, then the same greedy continuation
-want=$(gen -p $'<|im_start|>user\nwrite a function<|im_end|>\n<|im_start|>assistant\n' -n 16)
+# chat: the model's template rendered, then the same greedy continuation
+want=$(gen --chat -p 'write a function' -n 16)
 r=$(post /v1/chat/completions '{"messages":[{"role":"user","content":"write a function"}],"max_tokens":16,"temperature":0}')
 is "$(echo "$r" | jget 'o.choices[0].message.content')" "$want" \
-    "chat completion equals strata-generate on the rendered template"
+    "chat completion equals strata-generate --chat"
 
 # a long generation (until the context is full) that the client abandons:
 # cancelled, and the engine serves the next request
@@ -83,7 +83,7 @@ LONG="{\"prompt\":\"$PROMPT\",\"temperature\":0,\"ignore_eos\":true,\"stream\":t
 curl -s -N -H 'Content-Type: application/json' -d "$LONG" "$URL/v1/completions" >"$TMP/long" &
 cpid=$!
 i=0
-while [ "$(grep -c '^data: ' "$TMP/long")" -lt 3 ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i + 1)); done
+while [ "$(data_lines "$TMP/long")" -lt 3 ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i + 1)); done
 kill "$cpid"
 wait "$cpid" 2>/dev/null
 i=0
@@ -98,7 +98,7 @@ ok $? "... long before the context was full ($n tokens)"
 curl -s -N -H 'Content-Type: application/json' -d "$LONG" "$URL/v1/completions" >"$TMP/long" &
 cpid=$!
 i=0
-while [ "$(grep -c '^data: ' "$TMP/long")" -lt 3 ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i + 1)); done
+while [ "$(data_lines "$TMP/long")" -lt 3 ] && [ $i -lt 300 ]; do sleep 0.05; i=$((i + 1)); done
 kill -9 "$(curl -s "$URL/health" | jget 'o.models[0].pids[0]')"
 wait "$cpid"
 grep -q '^data: {"error":{"message":"the engine for model .tinycoder-moe-Q4_K_M. was killed by signal 9' "$TMP/long" &&

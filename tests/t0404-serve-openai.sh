@@ -40,7 +40,7 @@ grep -q '"error"' "$TMP/res.json" && sed 's/^/# /' "$TMP/res.json" | head -20
 r() { jget "$1" <"$TMP/res.json"; }
 
 gen() { "$BIN/strata-generate" -m "$M" --threads 2 --temp 0 "$@"; }
-want_chat=$(gen -p $'<|im_start|>user\nwrite a function<|im_end|>\n<|im_start|>assistant\n' -n 16)
+want_chat=$(gen --chat --chat-template "$TEMPLATE" -p 'write a function' -n 16)
 is "$(r 'o.chat.content')" "$want_chat" "chat completion equals strata-generate's greedy output"
 is "$(r 'o.chat.usage.completion_tokens + " " + o.chat.finish')" "16 length" "chat usage and finish_reason"
 is "$(r 'o.stream.content')" "$want_chat" "streamed chat completion equals it too"
