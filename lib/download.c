@@ -385,7 +385,7 @@ int strata_download_fetch(const char *src, const char *dest,
                           const struct strata_download_opts *o,
                           struct strata_download_result *res, struct strata_err *err)
 {
-    int rc = 0, fd = -1;
+    int rc = 0, fd = -1, curl_started = 0;
     char *url = NULL, *part = NULL, *name = NULL;
     CURL *c = NULL;
     struct curl_slist *hdrs = NULL;
@@ -433,16 +433,17 @@ int strata_download_fetch(const char *src, const char *dest,
     }
 
     curl_global_init(CURL_GLOBAL_DEFAULT);
+    curl_started = 1;
     c = curl_easy_init();
     if (!c) {
         rc = strata_err_set(err, STRATA_E_NOMEM, "cannot start libcurl");
-        goto cleanup_curl;
+        goto out;
     }
     hdrs = auth_headers(src, url);
     fd = open(part, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
         rc = strata_err_set(err, STRATA_E_IO, "cannot create '%s': %s", part, strerror(errno));
-        goto cleanup_curl;
+        goto out;
     }
     for (int attempt = 0;; attempt++) {
         struct stat st;
@@ -450,7 +451,7 @@ int strata_download_fetch(const char *src, const char *dest,
         if (fstat(fd, &st)) {
             rc = strata_err_set(err, STRATA_E_IO, "cannot stat '%s': %s", part,
                                 strerror(errno));
-            goto cleanup_curl;
+            goto out;
         }
         strata_sha256_free(x.h);
         memset(&x, 0, sizeof(x));
@@ -466,10 +467,10 @@ int strata_download_fetch(const char *src, const char *dest,
         x.h = strata_sha256_new();
         if (!x.h) {
             rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
-            goto cleanup_curl;
+            goto out;
         }
         if (x.have && (rc = hash_prefix(fd, x.have, x.h, part, err)))
-            goto cleanup_curl;
+            goto out;
         if (x.have)
             res->resumed = 1;
         curl_easy_reset(c);
@@ -487,7 +488,7 @@ int strata_download_fetch(const char *src, const char *dest,
         int transient = 0;
         if (x.write_failed) {
             rc = err ? err->code : STRATA_E_IO;
-            goto cleanup_curl;
+            goto out;
         }
         if (cr == CURLE_OK && (x.status == 200 || x.status == 206)) {
             rc = 0;
@@ -501,7 +502,7 @@ int strata_download_fetch(const char *src, const char *dest,
             if (ftruncate(fd, 0)) { /* stale part: start over */
                 rc = strata_err_set(err, STRATA_E_IO, "cannot truncate '%s': %s", part,
                                     strerror(errno));
-                goto cleanup_curl;
+                goto out;
             }
             rc = strata_err_set(err, STRATA_E_NETWORK, "'%s': HTTP 416", url);
             transient = 1;
@@ -521,7 +522,7 @@ int strata_download_fetch(const char *src, const char *dest,
         if (!transient || attempt >= retries) {
             if (attempt > 0)
                 strata_err_wrap(err, "after %d attempts", attempt + 1);
-            goto cleanup_curl;
+            goto out;
         }
         strata_log_warn("%s; retrying in %.1f s", err ? err->msg : url, delay / 1000.0);
         sleep_ms(delay);
@@ -536,7 +537,7 @@ int strata_download_fetch(const char *src, const char *dest,
         rc = strata_err_set(err, STRATA_E_NETWORK, "'%s': got %" PRIu64 " bytes, the server "
                             "announced %" PRIu64, url, x.off, x.linked_size);
         unlink(part);
-        goto cleanup_curl;
+        goto out;
     }
     if (!want)
         want = published_hash(&x);
@@ -546,22 +547,22 @@ int strata_download_fetch(const char *src, const char *dest,
                             "download", url, res->sha256, want,
                             o->sha256 && *o->sha256 ? "" : " (published by the server)");
         unlink(part);
-        goto cleanup_curl;
+        goto out;
     }
     res->checked = want != NULL;
     if (fsync(fd) || rename(part, dest)) {
         rc = strata_err_set(err, STRATA_E_IO, "cannot rename '%s': %s", part, strerror(errno));
-        goto cleanup_curl;
+        goto out;
     }
-cleanup_curl:
+out:
     if (fd >= 0)
         close(fd);
     strata_sha256_free(x.h);
     curl_slist_free_all(hdrs);
     if (c)
         curl_easy_cleanup(c);
-    curl_global_cleanup();
-out:
+    if (curl_started)
+        curl_global_cleanup();
     free(url);
     free(part);
     free(name);
