@@ -95,7 +95,9 @@ int strata_spec_create(struct strata_spec **out, struct strata_engine *target,
         goto out;
     }
     if (o->n_max > 0) {
-        if (o->mode == STRATA_SPEC_MTP)
+        if (o->user)
+            s->draft = *o->user;
+        else if (o->mode == STRATA_SPEC_MTP)
             rc = strata_draft_mtp_init(&s->draft, strata_engine_gguf(target), err);
         else if (o->mode == STRATA_SPEC_DRAFT || (o->mode == STRATA_SPEC_AUTO && o->draft))
             rc = strata_draft_model_init(&s->draft, o->draft, target, err);

@@ -54,6 +54,7 @@
 
 struct strata_engine;
 struct strata_gguf;
+struct strata_spec_draft;
 
 #define STRATA_SPEC_MAX 16 /* largest T */
 
@@ -76,6 +77,8 @@ struct strata_spec_opts {
                                     owned, must outlive the spec object */
     int ngram_min, ngram_max;   /* suffix lengths tried, longest first (default 2, 5) */
     int adaptive;               /* 1: back off when acceptance is low (default 1) */
+    const struct strata_spec_draft *user; /* a caller's draft, used instead of the mode's
+                                             (copied; strata_spec_free calls its free) */
 };
 
 void strata_spec_opts_init(struct strata_spec_opts *o);
