@@ -37,6 +37,13 @@ for p in nat rep tc; do
     gen "$T/p/$p.strata" >"$T/$p"
     check "same greedy text from the $p pack" cmp -s "$T/ref" "$T/$p"
 done
+# mixed block types (the IQ1_M file also holds IQ2_XXS, Q2_K, Q4_K ... experts)
+Q="$STRATA_FIXTURES/models/tinycoder-moe-IQ1_M.gguf"
+"$P" --out "$T/p" --name iq --repack "$Q" >/dev/null 2>&1
+gen "$Q" >"$T/iqref"
+gen "$T/p/iq.strata" >"$T/iq"
+check "same greedy text from a repacked IQ1_M pack (mixed types)" \
+    sh -c "test -s '$T/iqref' && cmp -s '$T/iqref' '$T/iq'"
 # the repacked pack really reads experts.bin: zeroed experts change the text
 cp -r "$T/p/rep.strata" "$T/p/zero.strata"
 n=$(stat -c %s "$T/p/zero.strata/experts.bin")
