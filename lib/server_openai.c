@@ -1114,7 +1114,8 @@ void srv_openai_completion(struct srv *s, const char *body, size_t len, struct s
         const cJSON *t;
         cJSON_ArrayForEach(t, pr)
         {
-            if (!cJSON_IsNumber(t) || t->valuedouble < 0 || t->valuedouble != floor(t->valuedouble)) {
+            if (!cJSON_IsNumber(t) || t->valuedouble < 0 ||
+                t->valuedouble != floor(t->valuedouble)) {
                 bad(&fe, "prompt", "'prompt' must be a string, a list of one string, or a "
                                    "list of token ids");
                 goto bad;

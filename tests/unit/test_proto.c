@@ -72,7 +72,8 @@ static void test_reader(void)
     ok(!l4, "an unterminated line waits for more");
     int eof = strata_proto_reader_fill(&r, &err);
     char *l5 = strata_proto_reader_line(&r);
-    ok(eof == 0 && r.eof && l5 && !strcmp(l5, "partial"), "at end of file the last line comes out");
+    ok(eof == 0 && r.eof && l5 && !strcmp(l5, "partial"),
+       "at end of file the last line comes out");
     free(l1);
     free(l2);
     free(l3);
