@@ -77,6 +77,14 @@ check "the retry asked for the rest with Range" grep -q '^GET /sub/tc.gguf bytes
 check "resumed file is intact" cmp -s "$M" "$O/cut.strata/tc.gguf"
 check "the retry was announced" grep -q 'retrying in' "$T/e3"
 
+# --- HTTP 500 twice: retried with back-off ------------------------------------------------
+serve --fault 500 --fault-count 2
+"$P" --out "$O" --name five --retries 3 --retry-delay 20 --stall-timeout 2 \
+    "http://127.0.0.1:$PORT/sub/tc.gguf" >/dev/null 2>"$T/e3b"; rc=$?
+check "two HTTP 500s then success: exit 0" test $rc -eq 0
+check "three GETs reached the server" test "$(grep -c '^GET /sub/tc.gguf' "$T/log")" -eq 3
+check "each retry announced with its delay" test "$(grep -c 'HTTP 500; retrying in' "$T/e3b")" -eq 2
+
 # --- cut with no retries: the run fails, the next run resumes --------------------------
 serve --fault cut --fault-count 1
 "$P" --out "$O" --name again $fast "http://127.0.0.1:$PORT/sub/tc.gguf" >/dev/null 2>"$T/e4"
