@@ -826,8 +826,9 @@ static void run_generation(struct srv_stream *st, cJSON *gen, struct srv_reply *
         goto fail;
     }
     if (st->failed) {
-        srv_reply_error(r, st->status, st->err_type, st->status == 400 ? "messages" : NULL,
-                        "%s", st->err_msg);
+        srv_reply_error(r, st->status, st->err_type,
+                        st->status == 400 ? (st->chat ? "messages" : "prompt") : NULL, "%s",
+                        st->err_msg);
         goto fail;
     }
     if (st->stream) {

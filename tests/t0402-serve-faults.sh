@@ -118,6 +118,20 @@ is "$good" 32 "32 concurrent clients all get their complete answer"
 stop_server
 is "$SERVER_RC" 0 "clean exit after the concurrent load"
 
+# two models: requests go to the one they name; a request without a model is refused
+start_server --engine "$FAKE" -m "$TMP/alpha.gguf" -m "$TMP/beta.strata/"
+is "$(curl -s "$URL/v1/models" | jget 'o.data.map(m => m.id).join(",")')" "alpha,beta" \
+    "two models listed, ids from the file names"
+r=$(post /v1/completions '{"model":"beta","prompt":"x","max_tokens":1}')
+is "$(status) $(echo "$r" | jget 'o.model + " " + o.choices[0].text')" "200 beta Hel" "a request for beta"
+r=$(post /v1/completions '{"prompt":"x","max_tokens":1}')
+is "$(status) $(echo "$r" | jget 'o.error.param')" "400 model" "no model with two models -> 400 naming 'model'"
+r=$(post /v1/completions "{\"model\":\"alpha\",\"prompt\":\"$(head -c 5000 /dev/zero | tr '\0' x)\"}")
+is "$(status) $(echo "$r" | jget 'o.error.param + ": " + o.error.message')" \
+    "400 prompt: prompt of 5000 tokens does not fit the context of 4096" \
+    "a prompt longer than the context -> 400 with the engine's message"
+stop_server
+
 # --api-key: missing or wrong key -> 401 and nothing generated
 start_server --engine "$FAKE" -m "$TMP/m.gguf" --api-key s3cret
 r=$(post /v1/chat/completions "$CHAT")
