@@ -628,6 +628,15 @@ int strata_prepare_run(const struct strata_prepare_opts *o, struct strata_err *e
                             "give a source (file, URL or hf:OWNER/REPO/PATH) or --family");
         goto out;
     }
+    if (o->model && !o->family) {
+        rc = strata_err_set(err, STRATA_E_INVALID, "--model %s needs --family", o->model);
+        goto out;
+    }
+    if (o->sha256 && o->family) {
+        rc = strata_err_set(err, STRATA_E_INVALID,
+                            "--sha256 is for a single downloaded file, not a preset");
+        goto out;
+    }
     rc = o->family ? from_preset(&j, err) : from_source(&j, err);
     if (rc)
         goto out;

@@ -149,6 +149,8 @@ check "unknown model: exit 2, lists the available ones" \
     sh -c "test $rc -eq 2 && grep -q 'available: F16, Q8_0, Q4_K_M' '$T/e15'"
 "$P" --family nope --out "$O" >/dev/null 2>"$T/e16"; rc=$?
 check "unknown family: exit 2" sh -c "test $rc -eq 2 && grep -q \"no preset for family 'nope'\" '$T/e16'"
+"$P" --model Q4_K_M "$M" >/dev/null 2>"$T/e17"; rc=$?
+check "--model without --family: exit 2" sh -c "test $rc -eq 2 && grep -q 'needs --family' '$T/e17'"
 "$P" --context abc "$M" >/dev/null 2>&1; rc=$?
 check "bad --context: exit 2" test $rc -eq 2
 "$P" --low-ram maybe "$M" >/dev/null 2>&1; rc=$?
