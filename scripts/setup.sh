@@ -53,6 +53,10 @@ fi
 case "$port" in '' | *[!0-9]*) echo "setup.sh: --port must be a number" >&2; usage ;; esac
 [ -n "$out" ] || out="$root/packs-data"
 [ -n "$run_dir" ] || run_dir="$root"
+# relative to where setup.sh was started, before it moves to the source tree
+mkdir -p "$out" "$run_dir"
+out=$(cd "$out" && pwd)
+run_dir=$(cd "$run_dir" && pwd)
 [ -n "$layout" ] || { [ "$backend" = cpu ] && layout=--native || layout=--repack; }
 
 cd "$root"
@@ -73,9 +77,6 @@ prep="$top/strata-prepare"
 [ -x "$prep" ] || { echo "setup.sh: $prep is missing (build first)" >&2; exit 1; }
 
 name="$family-$model"
-mkdir -p "$out" "$run_dir"
-out=$(cd "$out" && pwd)
-run_dir=$(cd "$run_dir" && pwd)
 pack="$out/$name.strata"
 if [ -e "$pack/pack.json" ]; then
     echo "setup.sh: $pack exists; keeping it (remove it or run strata-prepare --force)" >&2
