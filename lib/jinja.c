@@ -151,7 +151,7 @@ enum nkind {
     E_NOT, E_AND, E_OR, E_BIN, E_CMP, E_COND, E_LIST, E_DICT,
     /* statements */
     S_TEXT, S_OUT, S_IF, S_FOR, S_SET, S_SETBLOCK, S_MACRO, S_CALLBLOCK, S_BREAK,
-    S_CONTINUE, S_FILTERBLOCK, S_BODY
+    S_CONTINUE, S_FILTERBLOCK, S_WITH, S_BODY
 };
 
 struct node {
@@ -1561,6 +1561,35 @@ static int parse_stmt(struct parser *p, struct node **out, const char *const *en
         static const char *const fe[] = { "endfilter", NULL };
         const char *fo = NULL;
         if ((rc = expect_bend(p)) || (rc = parse_body(p, &n->b, fe, &fo)) || (rc = expect_bend(p)))
+            return rc;
+    } else if (is_name(k, "with")) {
+        /* {% with a = x, b = y %}...{% endwith %}: a scope with those names */
+        p->i++;
+        if (!(n = mk(p, S_WITH, k)))
+            return NOMEM_P(p);
+        struct svec names = { 0 };
+        struct nvec vals = { 0 };
+        while (pk(p)->t == T_NAME) {
+            struct tok *a = pk(p);
+            const char *nm = tokname(p, a);
+            if (!nm || sv_push(p, &names, nm))
+                return NOMEM_P(p);
+            p->i++;
+            struct node *v;
+            if ((rc = expect_op(p, '=')) || (rc = parse_expr(p, &v)))
+                return rc;
+            if (nv_push(p, &vals, v))
+                return NOMEM_P(p);
+            if (!is_op(pk(p), ','))
+                break;
+            p->i++;
+        }
+        n->kw_names = names.v;
+        n->kw = vals.v;
+        n->n_kw = names.n;
+        static const char *const we[] = { "endwith", NULL };
+        const char *f = NULL;
+        if ((rc = expect_bend(p)) || (rc = parse_body(p, &n->b, we, &f)) || (rc = expect_bend(p)))
             return rc;
     } else if (is_name(k, "generation")) {
         /* transformers' AssistantTracker extension: renders its body unchanged */
@@ -3606,6 +3635,9 @@ static int attr_path(struct ctx *c, const struct node *at, const struct val *v,
 
 static int apply_filter(struct ctx *c, struct scope *sc, const struct node *at, const char *name,
                         const struct val *v, struct args *a, struct val *out);
+static int percent_format(struct ctx *c, const struct node *at, const struct val *fmt,
+                          const struct val *args, int nargs, const struct val *mapping,
+                          struct val *out);
 
 static int filter_select(struct ctx *c, struct scope *sc, const struct node *at,
                          const struct val *v, struct args *a, int by_attr, int reject,
@@ -3801,7 +3833,7 @@ static int apply_filter(struct ctx *c, struct scope *sc, const struct node *at, 
             } else {
                 if (!a0 || a0->t != V_STR)
                     return rt_fail(c, at, STRATA_E_INVALID, "map needs a filter name or attribute=");
-                struct args sub = { a->n - 1, 0, a->v + 1, NULL, NULL };
+                struct args sub = { a->n - 1, a->nk, a->v + 1, a->kn, a->kv };
                 if ((rc = apply_filter(c, sc, at, a0->u.s, &l->v[i], &sub, &r)))
                     return rc;
             }
@@ -4082,12 +4114,177 @@ static int apply_filter(struct ctx *c, struct scope *sc, const struct node *at, 
             return rt_fail(c, at, STRATA_E_INVALID, "attr needs a name");
         return get_attr(c, at, v, a0->u.s, out);
     }
-    if (!strcmp(name, "center") || !strcmp(name, "format") || !strcmp(name, "truncate")
+    if (!strcmp(name, "format")) {
+        struct val s, kw;
+        if ((rc = to_str(c, at, v, &s)) || (rc = mkdict(c, at, V_DICT, &kw)))
+            return rc;
+        for (int i = 0; i < a->nk; i++)
+            if ((rc = dict_set(c, at, kw.u.d, strlit(a->kn[i]), a->kv[i])))
+                return rc;
+        if (a->nk && a->n)
+            return rt_fail(c, at, STRATA_E_INVALID, "can't handle positional and keyword arguments");
+        return a->nk ? percent_format(c, at, &s, &kw, 1, &kw, out)
+                     : percent_format(c, at, &s, a->v, a->n, NULL, out);
+    }
+    if (!strcmp(name, "center") || !strcmp(name, "truncate")
         || !strcmp(name, "slice") || !strcmp(name, "pprint")
         || !strcmp(name, "xmlattr") || !strcmp(name, "urlencode") || !strcmp(name, "urlize")
         || !strcmp(name, "striptags") || !strcmp(name, "filesizeformat") || !strcmp(name, "groupby"))
         return rt_fail(c, at, STRATA_E_UNSUPPORTED, "filter '%s' is not supported", name);
     return rt_fail(c, at, STRATA_E_INVALID, "no filter named '%s'", name);
+}
+
+
+/* Python's printf-style formatting: "fmt % args" and the format filter.  args[0..n) are
+ * the positional values; mapping (may be NULL) serves "%(name)s". */
+static int percent_format(struct ctx *c, const struct node *at, const struct val *fmt,
+                          const struct val *args, int nargs, const struct val *mapping,
+                          struct val *out)
+{
+    struct buf b = { 0 };
+    int rc = 0, ai = 0, used_map = 0;
+    const char *s = fmt->u.s, *e = fmt->u.s + fmt->n;
+    while (s < e && !rc) {
+        const char *pc = memchr(s, '%', (size_t)(e - s));
+        if (!pc) {
+            rc = buf_add(c, at, &b, s, (size_t)(e - s));
+            break;
+        }
+        if ((rc = buf_add(c, at, &b, s, (size_t)(pc - s))))
+            break;
+        const char *q = pc + 1;
+        if (q < e && *q == '%') {
+            rc = buf_addc(c, at, &b, '%');
+            s = q + 1;
+            continue;
+        }
+        const struct val *v = NULL;
+        struct val tmpv;
+        if (q < e && *q == '(') {
+            const char *ke = memchr(q, ')', (size_t)(e - q));
+            if (!ke || !mapping) {
+                rc = rt_fail(c, at, STRATA_E_INVALID, "format requires a mapping");
+                break;
+            }
+            struct val key;
+            if ((rc = mkstr(c, at, q + 1, (size_t)(ke - q - 1), &key)))
+                break;
+            int i = dict_find(mapping->u.d, &key);
+            if (i < 0) {
+                rc = rt_fail(c, at, STRATA_E_INVALID, "format: no key '%s'", key.u.s);
+                break;
+            }
+            v = &mapping->u.d->v[i];
+            used_map = 1;
+            q = ke + 1;
+        }
+        char spec[32];
+        size_t sn = 0;
+        spec[sn++] = '%';
+        while (q < e && strchr("-+ 0#", *q) && sn < 8)
+            spec[sn++] = *q++;
+        int width = -1, prec = -1;
+        if (q < e && *q == '*') {
+            if (ai >= nargs || args[ai].t != V_INT) {
+                rc = rt_fail(c, at, STRATA_E_INVALID, "* wants int");
+                break;
+            }
+            width = (int)args[ai++].u.i;
+            q++;
+        } else {
+            while (q < e && isdigit((unsigned char)*q))
+                width = (width < 0 ? 0 : width) * 10 + (*q++ - '0');
+        }
+        if (q < e && *q == '.') {
+            q++;
+            prec = 0;
+            while (q < e && isdigit((unsigned char)*q))
+                prec = prec * 10 + (*q++ - '0');
+        }
+        while (q < e && (*q == 'h' || *q == 'l' || *q == 'L'))
+            q++;
+        if (q >= e) {
+            rc = rt_fail(c, at, STRATA_E_INVALID, "incomplete format");
+            break;
+        }
+        char conv = *q++;
+        if (width > 4096)
+            width = 4096;
+        if (prec > 4096)
+            prec = 4096;
+        if (!v) {
+            if (ai >= nargs) {
+                rc = rt_fail(c, at, STRATA_E_INVALID, "not enough arguments for format string");
+                break;
+            }
+            v = &args[ai++];
+        }
+        char num[8192];
+        int k = 0;
+        if (conv == 's' || conv == 'r' || conv == 'a') {
+            struct buf sb = { 0 };
+            rc = write_val(c, at, &sb, v, conv != 's');
+            size_t len = sb.n;
+            if (!rc && prec >= 0 && (size_t)prec < u8_len(sb.p ? sb.p : "", len))
+                len = u8_off(sb.p, len, (size_t)prec);
+            size_t cps = sb.p ? u8_len(sb.p, len) : 0;
+            int left = memchr(spec, '-', sn) != NULL;
+            for (int i = (int)cps; !rc && !left && i < width; i++)
+                rc = buf_addc(c, at, &b, ' ');
+            if (!rc && len)
+                rc = buf_add(c, at, &b, sb.p, len);
+            for (int i = (int)cps; !rc && left && i < width; i++)
+                rc = buf_addc(c, at, &b, ' ');
+            free(sb.p);
+        } else if (strchr("diuxXoc", conv)) {
+            int64_t iv;
+            if (v->t == V_INT || v->t == V_BOOL)
+                iv = v->u.i;
+            else if (v->t == V_FLOAT && conv != 'c' && conv != 'x' && conv != 'X' && conv != 'o')
+                iv = (int64_t)v->u.f;
+            else {
+                rc = rt_fail(c, at, STRATA_E_INVALID, "%%%c format: a number is required, not %s",
+                             conv, type_name(v));
+                break;
+            }
+            if (conv == 'c') {
+                char u8[8];
+                utf8proc_ssize_t w = utf8proc_encode_char((utf8proc_int32_t)iv, (utf8proc_uint8_t *)u8);
+                rc = buf_add(c, at, &b, u8, w > 0 ? (size_t)w : 0);
+            } else {
+                if (width >= 0)
+                    sn += (size_t)snprintf(spec + sn, sizeof spec - sn, "%d", width);
+                if (prec >= 0)
+                    sn += (size_t)snprintf(spec + sn, sizeof spec - sn, ".%d", prec);
+                snprintf(spec + sn, sizeof spec - sn, "ll%c", conv == 'i' || conv == 'u' ? 'd' : conv);
+                k = snprintf(num, sizeof num, spec, (long long)iv);
+                rc = buf_add(c, at, &b, num, k > 0 ? ((size_t)k < sizeof num ? (size_t)k : sizeof num - 1) : 0);
+            }
+        } else if (strchr("fFeEgG", conv)) {
+            if (!is_num(v)) {
+                rc = rt_fail(c, at, STRATA_E_INVALID, "must be real number, not %s", type_name(v));
+                break;
+            }
+            if (width >= 0)
+                sn += (size_t)snprintf(spec + sn, sizeof spec - sn, "%d", width);
+            if (prec >= 0)
+                sn += (size_t)snprintf(spec + sn, sizeof spec - sn, ".%d", prec);
+            snprintf(spec + sn, sizeof spec - sn, "%c", conv);
+            k = snprintf(num, sizeof num, spec, num_f(v));
+            rc = buf_add(c, at, &b, num, k > 0 ? ((size_t)k < sizeof num ? (size_t)k : sizeof num - 1) : 0);
+        } else {
+            rc = rt_fail(c, at, STRATA_E_INVALID, "unsupported format character '%c'", conv);
+            break;
+        }
+        (void)tmpv;
+        s = q;
+    }
+    if (!rc && ai < nargs && !used_map && !(nargs == 1 && mapping))
+        rc = rt_fail(c, at, STRATA_E_INVALID, "not all arguments converted during string formatting");
+    if (!rc)
+        rc = mkstr(c, at, b.p ? b.p : "", b.n, out);
+    free(b.p);
+    return rc;
 }
 
 static int binop(struct ctx *c, const struct node *at, int op, const struct val *x,
@@ -4115,6 +4312,11 @@ static int binop(struct ctx *c, const struct node *at, int op, const struct val 
         return undefined_error(c, at, x);
     if (y->t == V_UNDEF)
         return undefined_error(c, at, y);
+    if (op == '%' && x->t == V_STR) {
+        if (y->t == V_LIST && y->u.l->tuple)
+            return percent_format(c, at, x, y->u.l->v, (int)y->u.l->n, NULL, out);
+        return percent_format(c, at, x, y, 1, y->t == V_DICT ? y : NULL, out);
+    }
     if (is_num(x) && is_num(y)) {
         int isint = x->t != V_FLOAT && y->t != V_FLOAT;
         int64_t a = x->u.i, b = y->u.i, r;
@@ -4601,6 +4803,20 @@ static int exec_stmt(struct ctx *c, struct scope *sc, const struct node *n)
             v = r;
         }
         return scope_set(c, n, sc, n->name, v);
+    }
+    case S_WITH: {
+        struct scope *ws = xalloc(c, sizeof *ws);
+        if (!ws)
+            return oom(c, n);
+        memset(ws, 0, sizeof *ws);
+        ws->parent = sc;
+        for (int i = 0; i < n->n_kw; i++) {
+            struct val v;
+            /* values are evaluated in the outer scope, as jinja2 does */
+            if ((rc = eval(c, sc, n->kw[i], &v)) || (rc = scope_set(c, n, ws, n->kw_names[i], v)))
+                return rc;
+        }
+        return exec_body(c, ws, n->b);
     }
     case S_FILTERBLOCK: {
         struct val v, r;

@@ -160,6 +160,13 @@ CASES = [
     "{%- for i in range(3) -%}\n  {{ i }}\n{%- endfor -%}",
     "{% set t = (1, 2) %}{{ t[0] }}{{ t|length }}{% for a in t %}{{ a }}{% endfor %}",
     "{{ 'a' ~ none }} {{ none ~ 'a' }} {{ [none] }} {{ true ~ false }} {{ d.b is integer }} {{ (d.b / 1) is float }}",
+    # printf-style formatting, with, map with keyword arguments
+    "{{ '%s and %s' % ('a', n) }} {{ '%d%%' % 50 }} {{ '%05.1f|%-4s|%4s|%x|%r' % (f, 'ab', 'cd', 255, 'q') }} {{ '%(a)s-%(b)d' % {'a': 'x', 'b': 2} }} {{ '%s' % [1, 2] }} {{ '%.3s' % 'abcdef' }} {{ '%c' % 65 }}",
+    "{{ '%s=%s' | format('k', 3) }} {{ '%(x)s' | format(x='y') }} {{ '%5.2e' | format(12345.678) }} {{ '%i' % 3.9 }}",
+    "{% with a = n, b = 'x' %}{{ a }}{{ b }}{% set a = 1 %}{{ a }}{% endwith %}[{{ a }}]",
+    "{{ [{'a': 1}, {'a': 2}] | map('tojson', indent=1) | join('') }}",
+    "{{ '%s %s' % ('only one',) }}",
+    "{{ '%s' % ('a', 'b') }}",
     # errors
     "{{ raise_exception('custom failure: ' ~ n) }}",
     "{% if n > 5 %}{{ raise_exception('too big') }}{% endif %}",
