@@ -82,22 +82,26 @@ attn_kernel(struct strata_k_attn_args a)
             *(uint4 *)&vs[j][d] = vv;
         }
         __syncthreads();
-        float s[4], mt = -INFINITY;
-#pragma unroll
-        for (int jj = 0; jj < 4; jj++) {
-            int j = c8 + 8 * jj, kp = j0 + j;
-            float acc = 0.0f;
+        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, mt = -INFINITY;
+        /* each query value read once for the thread's 4 keys */
 #pragma unroll 4
-            for (int d = 0; d < hd; d += 4) {
-                float4 q4 = *(const float4 *)&qs[r][d];
+        for (int d = 0; d < hd; d += 4) {
+            float4 q4 = *(const float4 *)&qs[r][d];
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                int j = c8 + 8 * jj;
                 float2 k01 = __half22float2(*(const __half2 *)&ks[j][d]);
                 float2 k23 = __half22float2(*(const __half2 *)&ks[j][d + 2]);
-                acc = fmaf(q4.x, k01.x, acc);
-                acc = fmaf(q4.y, k01.y, acc);
-                acc = fmaf(q4.z, k23.x, acc);
-                acc = fmaf(q4.w, k23.y, acc);
+                s[jj] = fmaf(q4.x, k01.x, s[jj]);
+                s[jj] = fmaf(q4.y, k01.y, s[jj]);
+                s[jj] = fmaf(q4.z, k23.x, s[jj]);
+                s[jj] = fmaf(q4.w, k23.y, s[jj]);
             }
-            s[jj] = (valid && kp < hi && kp <= qpos) ? acc : -INFINITY;
+        }
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+            int kp = j0 + c8 + 8 * jj;
+            s[jj] = (valid && kp < hi && kp <= qpos) ? s[jj] : -INFINITY;
             mt = fmaxf(mt, s[jj]);
         }
         /* the 8 threads of a row are 8 aligned lanes of one warp/wavefront */

@@ -15,9 +15,14 @@
  */
 #include "kernels.h"
 
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef STRATA_GPU_CUDA
+#include <cublas_v2.h>
+#endif
 
 extern "C" {
 #include "engine.h"
@@ -78,7 +83,52 @@ struct gpu_state {
     long op_calls[PROF_MAX_OPS];
     int n_ops;
     int cur_tokens;
+#ifdef STRATA_GPU_CUDA
+    /* cuBLAS, loaded at run time when present: prefill-sized dense projections are
+     * dequantised to f16 and multiplied by cublasGemmEx (tensor cores) */
+    void *blas_lib;
+    cublasHandle_t blas;
+    cublasStatus_t (*blas_destroy)(cublasHandle_t);
+    cublasStatus_t (*blas_gemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                int, const void *, const void *, cudaDataType, int,
+                                const void *, cudaDataType, int, const void *, void *,
+                                cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+#endif
+    __half *wh, *xh; /* f16 scratch: one dense weight, n_ub rows of activations */
+    size_t wh_cap, xh_cap;
 };
+
+#ifdef STRATA_GPU_CUDA
+/* Load cuBLAS if this machine has it; without it the mat-mat kernels do the work. */
+static void blas_open(struct gpu_state *s)
+{
+    const char *off = getenv("STRATA_NO_BLAS");
+    if (off && *off && strcmp(off, "0") != 0)
+        return;
+    const char *names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so", NULL};
+    for (int i = 0; names[i] && !s->blas_lib; i++)
+        s->blas_lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!s->blas_lib) {
+        strata_log_info("cuBLAS not found: prefill uses the built-in mat-mat kernels");
+        return;
+    }
+    cublasStatus_t (*create)(cublasHandle_t *) =
+        (cublasStatus_t(*)(cublasHandle_t *))dlsym(s->blas_lib, "cublasCreate_v2");
+    cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t) =
+        (cublasStatus_t(*)(cublasHandle_t, cudaStream_t))dlsym(s->blas_lib, "cublasSetStream_v2");
+    s->blas_destroy = (cublasStatus_t(*)(cublasHandle_t))dlsym(s->blas_lib, "cublasDestroy_v2");
+    *(void **)&s->blas_gemm = dlsym(s->blas_lib, "cublasGemmEx");
+    if (!create || !set_stream || !s->blas_destroy || !s->blas_gemm ||
+        create(&s->blas) != CUBLAS_STATUS_SUCCESS ||
+        set_stream(s->blas, s->ctx.stream) != CUBLAS_STATUS_SUCCESS) {
+        strata_log_warn("cuBLAS found but unusable: prefill uses the built-in mat-mat kernels");
+        s->blas = NULL;
+        dlclose(s->blas_lib);
+        s->blas_lib = NULL;
+        (void)cudaGetLastError();
+    }
+}
+#endif
 
 /* Record a profiling event before the operation called name. */
 static void prof_mark(struct gpu_state *s, const char *name)
@@ -288,6 +338,12 @@ static void gpu_free(void *state)
         return;
     if (s->prof && s->n_ops)
         prof_report(s);
+#ifdef STRATA_GPU_CUDA
+    if (s->blas)
+        s->blas_destroy(s->blas);
+    if (s->blas_lib)
+        dlclose(s->blas_lib);
+#endif
     if (s->ev_ready)
         for (int i = 0; i < PROF_MAX_EV; i++)
             (void)cudaEventDestroy(s->ev[i]);
@@ -450,6 +506,29 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
             (rc = dalloc(s, (void **)&s->pos0, 4, "positions", err)))
             goto out;
     }
+#ifdef STRATA_GPU_CUDA
+    blas_open(s);
+    if (s->blas) {
+        size_t wmax = 0, xmax = (size_t)s->n_embd;
+        for (uint32_t il = 0; il < hp->n_layer; il++) {
+            const struct dev_layer *D = &s->layers[il];
+            const struct strata_k_weight *ws[] = {&D->wqkv, &D->wq, &D->wv, &D->wo, &D->gate,
+                                                  &D->down};
+            for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+                if (ws[i]->data && (size_t)(ws[i]->ne0 * ws[i]->ne1) > wmax)
+                    wmax = (size_t)(ws[i]->ne0 * ws[i]->ne1);
+            if ((size_t)s->n_q > xmax)
+                xmax = (size_t)s->n_q;
+            if ((size_t)s->n_ff > xmax)
+                xmax = (size_t)s->n_ff;
+        }
+        s->wh_cap = wmax;
+        s->xh_cap = xmax * (size_t)s->n_ub;
+        if ((rc = dalloc(s, (void **)&s->wh, 2 * s->wh_cap, "f16 weight scratch", err)) ||
+            (rc = dalloc(s, (void **)&s->xh, 2 * s->xh_cap, "f16 activation scratch", err)))
+            goto out;
+    }
+#endif
     if ((rc = gpu_call(s, cudaMallocHost((void **)&s->h_logits, 4 * (size_t)s->n_vocab),
                        "cudaMallocHost (logits)", err)))
         goto out;
@@ -470,6 +549,30 @@ static int proj(struct gpu_state *s, const struct strata_k_weight *w, const floa
                 int64_t x_stride, int n, float *y, int64_t y_stride, const float *add,
                 struct strata_err *err)
 {
+#ifdef STRATA_GPU_CUDA
+    if (s->blas && n > MATVEC_MAX && (!add || add == y) && w->ne0 % 8 == 0 && y_stride % 4 == 0 &&
+        (size_t)(w->ne0 * w->ne1) <= s->wh_cap && (size_t)(w->ne0 * n) <= s->xh_cap &&
+        w->ne1 >= 256) {
+        int rc = strata_k_dequant_f16(&s->ctx, w, 0, s->wh, err);
+        if (!rc)
+            rc = strata_k_to_f16(&s->ctx, x, x_stride, n, (int)w->ne0, s->xh, err);
+        if (rc)
+            return rc;
+        /* column-major: C [ne1 x n] (ldc y_stride) = W^T-as-stored [ne1 x ne0] * X [ne0 x n] */
+        const float one = 1.0f, beta = add ? 1.0f : 0.0f;
+        cublasStatus_t st = s->blas_gemm(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->ne1, n,
+                                         (int)w->ne0, &one, s->wh, CUDA_R_16F, (int)w->ne0,
+                                         s->xh, CUDA_R_16F, (int)w->ne0, &beta, y, CUDA_R_32F,
+                                         (int)y_stride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            return strata_k_err(err, STRATA_E_GPU,
+                                "cublasGemmEx [%lld x %lld] x %d tokens on device %d (%s): "
+                                "status %d", (long long)w->ne1, (long long)w->ne0, n,
+                                s->ctx.info.device, s->ctx.info.name, (int)st);
+        return strata_k_check(&s->ctx, "cublasGemmEx", dim3(1), dim3(1), err,
+                              "ne0=%lld ne1=%lld n=%d", (long long)w->ne0, (long long)w->ne1, n);
+    }
+#endif
     if (n > MATVEC_MAX && w->ne0 % 64 == 0) {
         struct strata_k_mm_args a;
         memset(&a, 0, sizeof(a));

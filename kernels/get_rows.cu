@@ -95,3 +95,23 @@ int strata_k_dequant_f16(struct strata_gpu_ctx *ctx, const struct strata_k_weigh
                           "type %u ne0=%lld ne1=%lld expert=%d", w->type, (long long)w->ne0,
                           (long long)w->ne1, expert);
 }
+
+__global__ void to_f16_kernel(const float *__restrict__ x, int64_t x_stride, int n_cols,
+                              __half *__restrict__ dst)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (i < n_cols)
+        dst[(int64_t)t * n_cols + i] = __float2half(x[t * x_stride + i]);
+}
+
+int strata_k_to_f16(struct strata_gpu_ctx *ctx, const float *x, int64_t x_stride, int n_rows,
+                    int n_cols, __half *dst, struct strata_err *err)
+{
+    if (n_rows <= 0 || n_rows > 65535 || n_cols <= 0)
+        return strata_k_err(err, STRATA_E_INVALID, "to_f16: bad shape n_rows=%d n_cols=%d",
+                            n_rows, n_cols);
+    dim3 block(256), grid((unsigned)((n_cols + 255) / 256), (unsigned)n_rows);
+    to_f16_kernel<<<grid, block, 0, ctx->stream>>>(x, x_stride, n_cols, dst);
+    return strata_k_check(ctx, "to_f16_kernel", grid, block, err, "n_rows=%d n_cols=%d", n_rows,
+                          n_cols);
+}

@@ -88,6 +88,10 @@ int strata_k_matvec(struct strata_gpu_ctx *ctx, const struct strata_k_mv_args *a
 int strata_k_get_rows(struct strata_gpu_ctx *ctx, const struct strata_k_weight *w,
                       const int32_t *rows, int n_rows, float *dst, struct strata_err *err);
 
+/* dst[t * n_cols + i] = (half) x[t * x_stride + i] for t < n_rows, i < n_cols. */
+int strata_k_to_f16(struct strata_gpu_ctx *ctx, const float *x, int64_t x_stride, int n_rows,
+                    int n_cols, __half *dst, struct strata_err *err);
+
 /* Dequantise all of w (expert e, all rows) to half precision: dst[r * ne0 + k]. */
 int strata_k_dequant_f16(struct strata_gpu_ctx *ctx, const struct strata_k_weight *w,
                          int expert, __half *dst, struct strata_err *err);
