@@ -7,7 +7,8 @@ import sys
 from datetime import datetime
 
 import jinja2
-from jinja2.ext import loopcontrols
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
@@ -24,8 +25,21 @@ def strftime_now(fmt):
     return datetime(2026, 11, 30, 12, 0, 0).strftime(fmt)
 
 
+class AssistantTracker(Extension):
+    """transformers' {% generation %} block: renders its body unchanged."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+        return nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller):
+        return caller()
+
+
 env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                    extensions=[loopcontrols])
+                                    extensions=[AssistantTracker, loopcontrols])
 env.filters["tojson"] = tojson
 env.globals["raise_exception"] = raise_exception
 env.globals["strftime_now"] = strftime_now
@@ -167,6 +181,19 @@ CASES = [
     "{{ [{'a': 1}, {'a': 2}] | map('tojson', indent=1) | join('') }}",
     "{{ '%s %s' % ('only one',) }}",
     "{{ '%s' % ('a', 'b') }}",
+    # constructs seen in other real templates (Seed-OSS, LFM2, Gemma, Command R)
+    "{%- for m in msgs -%}{%- if m.role == 'assistant' -%}{%- generation -%}[{{ m.content }}]{%- endgeneration -%}{%- else %}<{{ m.content }}>{%- endif %}{%- endfor -%}",
+    "{%- set b = {0: 0, 512: 128, 1024: 256} -%}{% for k, v in b | dictsort %}{{ k }}:{{ v }} {% endfor %}{{ b[512] }} {{ 100 <= 512 }}",
+    "{%- if n == 7\n  and s is string\n  and l | length > 0 %}multi-line{% endif %}",
+    "{%- for m in msgs if m.role != 'tool' %}{{ m.role }}{{ loop.length }}{% endfor %}",
+    "{{ 'response:' + z | default('unknown') + '{' }} {{ 'r:' + undefined_x | default('u') }}",
+    "{%- for k in ['a', 'b'] -%}{%- set add_comma = false -%}{%- if loop.first %},{%- else -%} {%- set add_comma = true -%} {% endif -%}{{ add_comma }}{%- endfor -%}",
+    "{{ not undefined_x | default(false) }} {{ not t | default(false) }}",
+    "{% set bos_token = 'X' %}{{ bos_token }}{% set msgs = msgs[1:] %}{{ msgs | length }}",
+    "{%- macro f(a, esc=True) -%}{{ a }}{{ esc }}{%- if a is mapping -%}{%- for k, v in a | dictsort -%}{{ f(v, esc=esc) }}{%- endfor -%}{%- endif -%}{%- endmacro -%}{{ f({'x': 1, 'y': {'z': 2}}, esc=False) }}",
+    "{{ d.get('a')[2].get('x') }} {{ msgs[0].get('content') }} {{ msgs[0].get('nothing', 'dflt') }}",
+    "{% set t = 'number' %}{{ t in ('number', 'integer') }} {{ 'x' ~ (z or '') }} {{ (s ~ '!') | length }}",
+    "{%- set content = 'abc CONTINUE' -%}{%- set tag = ' CONTINUE' -%}{%- if content.endswith(tag) -%}{{ content[:(content | length) - (tag | length)] }}{%- endif -%}",
     # errors
     "{{ raise_exception('custom failure: ' ~ n) }}",
     "{% if n > 5 %}{{ raise_exception('too big') }}{% endif %}",
