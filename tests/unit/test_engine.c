@@ -149,6 +149,25 @@ static void golden(const char *model, const char *refname, int with_extras)
             free(full);
             ok(strata_engine_rollback(e, n + 1, &err) == STRATA_E_INVALID,
                "rollback past n_past refused: %s", err.msg);
+            /* one thread, and a prefill chunk of 3, give the same bits */
+            {
+                struct strata_engine *e1 = NULL;
+                struct strata_engine_opts o1 = o;
+                o1.n_threads = 1;
+                o1.n_prefill = 3;
+                float *l3 = malloc(sizeof *l3 * (size_t)n * nv);
+                int r1 = strata_engine_open_gguf(&e1, g, &o1, &err) ||
+                         strata_engine_eval(e1, ids, n, STRATA_LOGITS_ALL, l3, &err);
+                full = malloc(sizeof *full * (size_t)n * nv);
+                strata_engine_rollback(e, 0, &err);
+                strata_engine_eval(e, ids, n, STRATA_LOGITS_ALL, full, &err);
+                ok(r1 == 0 && memcmp(l3, full, sizeof *l3 * (size_t)n * nv) == 0,
+                   "%s: 1 thread with prefill chunks of 3 == 2 threads in one batch (bitwise)",
+                   model);
+                free(l3);
+                free(full);
+                strata_engine_close(e1);
+            }
             free(l1);
             l1 = NULL;
         }
