@@ -155,6 +155,7 @@ int strata_chat_render(const struct strata_chat *c, const cJSON *request,
         return strata_err_set(err, STRATA_E_INVALID,
                               "chat request: 'messages' is missing or not an array");
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(request, "tools");
+    const cJSON *documents = cJSON_GetObjectItemCaseSensitive(request, "documents");
     const cJSON *agp = cJSON_GetObjectItemCaseSensitive(request, "add_generation_prompt");
     const cJSON *kwargs = cJSON_GetObjectItemCaseSensitive(request, "chat_template_kwargs");
     if (agp && !cJSON_IsBool(agp))
@@ -165,11 +166,14 @@ int strata_chat_render(const struct strata_chat *c, const cJSON *request,
                               "chat request: 'chat_template_kwargs' must be an object");
     if (!(vars = cJSON_CreateObject()))
         goto nomem;
-    /* transformers passes tools=None when the request has none */
+    /* transformers passes tools=None and documents=None when the request has none */
     if (!cJSON_AddItemReferenceToObject(vars, "messages", (cJSON *)messages)
         || !(tools && !cJSON_IsNull(tools)
                  ? cJSON_AddItemReferenceToObject(vars, "tools", (cJSON *)tools)
                  : cJSON_AddNullToObject(vars, "tools") != NULL)
+        || !(documents && !cJSON_IsNull(documents)
+                 ? cJSON_AddItemReferenceToObject(vars, "documents", (cJSON *)documents)
+                 : cJSON_AddNullToObject(vars, "documents") != NULL)
         || !cJSON_AddBoolToObject(vars, "add_generation_prompt", agp ? cJSON_IsTrue(agp) : 1)
         || !cJSON_AddStringToObject(vars, "bos_token", c->bos)
         || !cJSON_AddStringToObject(vars, "eos_token", c->eos))

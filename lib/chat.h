@@ -2,9 +2,10 @@
  * assistant text back to structured messages (content, reasoning, tool calls).
  *
  * Rendering reproduces transformers' apply_chat_template: the template sees
- * `messages`, `tools` (when the request has them), `add_generation_prompt` (default
- * true), `bos_token`, `eos_token`, and every member of `chat_template_kwargs` (which
- * may override bos_token/eos_token and set enable_thinking, reasoning_effort, ...).
+ * `messages`, `tools` and `documents` (None when the request has none),
+ * `add_generation_prompt` (default true), `bos_token`, `eos_token`, and every member of
+ * `chat_template_kwargs` (which may override bos_token/eos_token and set
+ * enable_thinking, reasoning_effort, ...).
  * Message content may be a string or an OpenAI list of parts; the template receives it
  * unchanged, as transformers passes it.
  *
