@@ -942,6 +942,19 @@ out:
     return ret;
 }
 
+/* Whether the pack is read from a resident image (strata-load), or why an
+ * image of it was ignored. */
+static void say_resident(const struct strata_pack *pk)
+{
+    uint64_t bytes = 0;
+    const char *name = strata_pack_resident(pk, &bytes);
+    if (name)
+        fprintf(stderr, PROG ": attached to resident image %s (%.2f GiB)\n", name,
+                (double)bytes / (double)(1ull << 30));
+    else if (strata_pack_resident_note(pk)[0])
+        fprintf(stderr, PROG ": %s\n", strata_pack_resident_note(pk));
+}
+
 int main(int argc, char **argv)
 {
     strata_log_set_prog(PROG);
@@ -1118,6 +1131,7 @@ int main(int argc, char **argv)
         ret = fail(&err);
         goto out;
     }
+    say_resident(pk);
     g = strata_pack_gguf(pk);
     o.eo.pack = pk;
     if (strata_vocab_load(&v, g, &err)) {

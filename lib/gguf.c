@@ -181,6 +181,8 @@ struct strata_gguf {
     uint64_t n_tensors;
     struct strata_gguf_tensor *tensors;
     struct index t_ix;
+    const struct strata_gguf_mem_file *mem; /* files already in memory (open_files) */
+    uint32_t n_mem;
 };
 
 struct cur {
@@ -772,9 +774,43 @@ out:
     return rc;
 }
 
-static int open_file(struct gfile *f, struct arena *a, const char *path, struct strata_err *err)
+/* The in-memory copy of path given to strata_gguf_open_files: the entry
+ * with the same path, else the only one with the same base name. */
+static const struct strata_gguf_mem_file *find_mem(const struct strata_gguf *g, const char *path)
 {
-    int rc = map_file(f, a, path, err);
+    const struct strata_gguf_mem_file *hit = NULL;
+    const char *b = strrchr(path, '/');
+    int n = 0;
+    b = b ? b + 1 : path;
+    for (uint32_t i = 0; i < g->n_mem; i++)
+        if (strcmp(g->mem[i].path, path) == 0)
+            return &g->mem[i];
+    for (uint32_t i = 0; i < g->n_mem; i++) {
+        const char *mb = strrchr(g->mem[i].path, '/');
+        if (strcmp(mb ? mb + 1 : g->mem[i].path, b) == 0) {
+            hit = &g->mem[i];
+            n++;
+        }
+    }
+    return n == 1 ? hit : NULL;
+}
+
+static int open_file(const struct strata_gguf *g, struct gfile *f, struct arena *a,
+                     const char *path, struct strata_err *err)
+{
+    const struct strata_gguf_mem_file *m = find_mem(g, path);
+    int rc = 0;
+    if (m) {
+        memset(f, 0, sizeof(*f));
+        if (!(f->path = arena_strndup(a, path, strlen(path))))
+            return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        f->base = m->base;
+        f->size = m->size;
+        if (f->size == 0)
+            return strata_err_set(err, STRATA_E_FORMAT, "'%s': not a gguf file (empty)", path);
+    } else {
+        rc = map_file(f, a, path, err);
+    }
     if (!rc)
         rc = parse_file(f, a, err);
     return rc;
@@ -884,7 +920,7 @@ static int open_split(struct strata_gguf *g, const char *path, uint64_t count,
         if (i == k - 1)
             continue;
         snprintf(p, pl + 32, "%.*s-%05u-of-%05u.gguf", (int)pl, path, i + 1, n);
-        rc = open_file(&sh[i], a, p, err);
+        rc = open_file(g, &sh[i], a, p, err);
         if (rc == STRATA_E_NOTFOUND)
             strata_err_set(err, rc, "shard %u of %u '%s' is missing", i + 1, n, p);
     }
@@ -971,6 +1007,13 @@ static int new_handle(struct strata_gguf **out, struct strata_err *err)
 
 int strata_gguf_open(struct strata_gguf **out, const char *path, struct strata_err *err)
 {
+    return strata_gguf_open_files(out, path, NULL, 0, err);
+}
+
+int strata_gguf_open_files(struct strata_gguf **out, const char *path,
+                           const struct strata_gguf_mem_file *files, uint32_t n_files,
+                           struct strata_err *err)
+{
     struct strata_gguf *g = NULL;
     size_t pl;
     unsigned k, n;
@@ -980,7 +1023,9 @@ int strata_gguf_open(struct strata_gguf **out, const char *path, struct strata_e
     *out = NULL;
     if ((rc = new_handle(&g, err)))
         return rc;
-    if ((rc = open_file(&g->shards[0], &g->arena, path, err))) {
+    g->mem = files;
+    g->n_mem = n_files;
+    if ((rc = open_file(g, &g->shards[0], &g->arena, path, err))) {
         if (rc == STRATA_E_NOTFOUND) { /* a file that cannot be opened is an i/o error */
             rc = STRATA_E_IO;
             if (err)

@@ -94,6 +94,23 @@ struct strata_gguf;
  * STRATA_E_NOTFOUND (a shard of a split set is missing; names it). */
 int strata_gguf_open(struct strata_gguf **out, const char *path, struct strata_err *err);
 
+/* A file whose bytes are already in memory (e.g. a resident image of a pack,
+ * lib/resident.h): opened in place of the file at path. */
+struct strata_gguf_mem_file {
+    const char *path;
+    const void *base;
+    uint64_t size;
+};
+
+/* strata_gguf_open, except that a file (the one named or a shard of its split
+ * set) whose path equals files[i].path - or, failing that, whose base name
+ * equals exactly one entry's - is parsed from files[i]'s bytes instead of
+ * being mapped.  files and the memory must outlive the handle.  Errors as
+ * strata_gguf_open. */
+int strata_gguf_open_files(struct strata_gguf **out, const char *path,
+                           const struct strata_gguf_mem_file *files, uint32_t n_files,
+                           struct strata_err *err);
+
 /* Parse a GGUF image held in memory (not copied; must outlive the handle).
  * name is used in messages.  No split handling.  For tests and fuzzing. */
 int strata_gguf_open_mem(struct strata_gguf **out, const void *buf, size_t size,

@@ -16,6 +16,8 @@
 
 #include <cjson/cJSON.h>
 
+#include "log.h"
+#include "resident.h"
 #include "sha256.h"
 
 #define PACK_JSON "pack.json"
@@ -33,6 +35,11 @@ struct strata_pack {
     uint64_t experts_size;
     uint32_t n_ctx_recorded;
     int low_ram;
+    struct strata_resident_att *res;  /* resident image read from, or NULL */
+    struct strata_gguf_mem_file *mem; /* its model files, for the GGUF reader */
+    uint32_t n_mem;
+    int experts_resident;             /* experts_map points into res */
+    char res_note[STRATA_ERR_MSG_MAX]; /* why an image was ignored */
 };
 
 /* ---- small helpers ---------------------------------------------------- */
@@ -1154,6 +1161,38 @@ static int check_index(struct strata_pack *p, const cJSON *root, const char *pj,
     return 0;
 }
 
+/* Attach to a ready resident image of the pack when there is one
+ * (strata-load(1)); STRATA_NO_RESIDENT=1 in the environment reads the files.
+ * Only running out of memory is an error: any other problem leaves the
+ * files to be read as usual, with the reason in res_note. */
+static int attach_resident(struct strata_pack *p, const char *dir, struct strata_err *err)
+{
+    struct strata_resident_pack rp;
+    const char *off = getenv("STRATA_NO_RESIDENT");
+    int rc = 0;
+    if ((off && *off && strcmp(off, "0")) || strata_resident_describe(dir, &rp, NULL))
+        return 0;
+    rc = strata_resident_attach(&rp, &p->res, p->res_note, sizeof(p->res_note), err);
+    if (rc || !p->res)
+        goto out;
+    p->mem = calloc(rp.n_files, sizeof(*p->mem));
+    if (!p->mem) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    for (uint32_t i = 0; i < rp.n_files; i++) {
+        if (strcmp(rp.files[i].role, "model"))
+            continue;
+        /* paths point into the attachment's copy of the description */
+        struct strata_gguf_mem_file *m = &p->mem[p->n_mem++];
+        m->base = strata_resident_att_file(p->res, i, &m->size);
+        m->path = strata_resident_att_path(p->res, i);
+    }
+out:
+    strata_resident_pack_free(&rp);
+    return rc;
+}
+
 static int open_dir(struct strata_pack *p, const char *dir, struct strata_err *err)
 {
     int rc = 0;
@@ -1209,7 +1248,11 @@ static int open_dir(struct strata_pack *p, const char *dir, struct strata_err *e
         rc = strata_err_set(err, STRATA_E_FORMAT, "'%s': no model source", pj);
         goto out;
     }
-    rc = strata_gguf_open(&p->g, first, err);
+    rc = attach_resident(p, dir, err);
+    if (rc)
+        goto out;
+    rc = p->res ? strata_gguf_open_files(&p->g, first, p->mem, p->n_mem, err)
+                : strata_gguf_open(&p->g, first, err);
     if (rc)
         goto out;
     if (strata_gguf_n_shards(p->g) != n_model) {
@@ -1249,7 +1292,12 @@ static int open_dir(struct strata_pack *p, const char *dir, struct strata_err *e
             rc = strata_err_set(err, STRATA_E_IO, "cannot open '%s': %s", bin, strerror(errno));
             goto out;
         }
-        if (p->experts_size) {
+        uint64_t rsz = 0;
+        const void *rb = p->res ? strata_resident_att_file(p->res, n_model, &rsz) : NULL;
+        if (rb && rsz == p->experts_size) {
+            p->experts_map = rb;
+            p->experts_resident = 1;
+        } else if (p->experts_size) {
             void *m = mmap(NULL, p->experts_size, PROT_READ, MAP_SHARED, p->experts_fd, 0);
             if (m == MAP_FAILED) {
                 rc = strata_err_set(err, STRATA_E_IO, "cannot map '%s': %s", bin,
@@ -1322,14 +1370,38 @@ void strata_pack_close(struct strata_pack *p)
 {
     if (!p)
         return;
-    if (p->experts_map)
+    if (p->experts_map && !p->experts_resident)
         munmap((void *)p->experts_map, p->experts_size);
     if (p->experts_fd >= 0)
         close(p->experts_fd);
     free(p->layers);
     free(p->dir);
     strata_gguf_close(p->g);
+    strata_resident_detach(p->res);
+    free(p->mem);
     free(p);
+}
+
+const char *strata_pack_resident(const struct strata_pack *p, uint64_t *bytes)
+{
+    if (bytes)
+        *bytes = p->res ? strata_resident_att_bytes(p->res) : 0;
+    return p->res ? strata_resident_att_name(p->res) : NULL;
+}
+
+const char *strata_pack_resident_note(const struct strata_pack *p)
+{
+    return p->res_note;
+}
+
+int strata_pack_resident_region(const struct strata_pack *p, const void **base, uint64_t *len)
+{
+    *base = NULL;
+    *len = 0;
+    if (!p->res)
+        return 0;
+    strata_resident_att_region(p->res, base, len);
+    return 1;
 }
 
 const struct strata_gguf *strata_pack_gguf(const struct strata_pack *p)

@@ -152,6 +152,22 @@ int strata_pack_expert(const struct strata_pack *p, uint32_t il, uint32_t ie,
 int strata_pack_expert_tensor(const struct strata_pack *p, const char *tensor,
                               const void **data, size_t *stride, struct strata_err *err);
 
+/* Resident images (strata-load(1), lib/resident.h): strata_pack_open of a
+ * pack directory attaches to a ready image of the same pack (matched by the
+ * recorded checksums, not the path) and reads every data file from it
+ * instead of the disk; STRATA_NO_RESIDENT=1 in the environment turns this
+ * off.  The image's name and size (bytes: may be NULL), or NULL when the
+ * pack is read from its files. */
+const char *strata_pack_resident(const struct strata_pack *p, uint64_t *bytes);
+/* Why an image of this pack exists but was ignored (stale, mismatched), one
+ * line naming it; "" when none was ignored.  Owned by p. */
+const char *strata_pack_resident_note(const struct strata_pack *p);
+/* GPU hook: the attached image's whole mapping, which a GPU backend
+ * registers (pins) for DMA once (cudaHostRegister / hipHostRegister with the
+ * read-only flag) so expert copies from it run at pinned speed.  Returns 1
+ * with *base, *len set, or 0 (not attached; both zeroed). */
+int strata_pack_resident_region(const struct strata_pack *p, const void **base, uint64_t *len);
+
 /* Progress of long operations: done/total bytes of what (a file name).
  * Return nonzero to cancel (the operation fails with STRATA_E_CANCELLED). */
 typedef int (*strata_pack_progress_fn)(const char *what, uint64_t done, uint64_t total,
