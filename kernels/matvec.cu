@@ -18,8 +18,12 @@ static __device__ __forceinline__ void load_x8(const float *x, int c, int n, flo
     }
 }
 
-/* One warp per output row; lane l sums chunks l, l + warpSize, ... in order, then the
- * warp reduces with a fixed tree: the order depends on ne0 and warpSize only. */
+/* A warp computes MV_RPW output rows together: their independent loads are in flight
+ * at once and each input chunk is read once for all of them.  Lane l sums chunks l,
+ * l + warpSize, ... of a row in order, then the warp reduces with a fixed tree: the
+ * order depends on ne0 and warpSize only, not on n_slot or the rows computed along. */
+#define MV_RPW 2
+
 template <int T, bool GLU>
 __global__ void matvec_kernel(const uint8_t *__restrict__ w, const uint8_t *__restrict__ u,
                               size_t nb1, size_t nb2, int ne0, int ne1,
@@ -28,39 +32,49 @@ __global__ void matvec_kernel(const uint8_t *__restrict__ w, const uint8_t *__re
                               int64_t y_stride, const float *add)
 {
     int lane = threadIdx.x % warpSize;
-    int r = blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize;
+    int r0 = (blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize) * MV_RPW;
     int s = blockIdx.y;
-    if (r >= ne1)
+    if (r0 >= ne1)
         return;
-    size_t off = (size_t)(ids ? ids[s] : 0) * nb2 + (size_t)r * nb1;
-    const uint8_t *wr = w + off;
+    size_t base = (size_t)(ids ? ids[s] : 0) * nb2;
     const float *xs = x + (int64_t)(s / x_group) * x_stride;
     int nch = (ne0 + 7) / 8;
-    float acc = 0.0f, acc2 = 0.0f;
-#pragma unroll 4
+    float acc[MV_RPW], acc2[MV_RPW];
+#pragma unroll
+    for (int k = 0; k < MV_RPW; k++)
+        acc[k] = acc2[k] = 0.0f;
+#pragma unroll 2
     for (int c = lane; c < nch; c += warpSize) {
-        float v[8], xv[8];
-        strata_dq<T>::chunk(wr, c, v, ne0);
+        float xv[8];
         load_x8(xs, c, ne0, xv);
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            acc = fmaf(v[j], xv[j], acc);
-        if (GLU) {
-            strata_dq<T>::chunk(u + off, c, v, ne0);
+        for (int k = 0; k < MV_RPW; k++) {
+            /* a missing last row re-reads row r0: in bounds, result dropped */
+            size_t off = base + (size_t)(r0 + k < ne1 ? r0 + k : r0) * nb1;
+            float v[8];
+            strata_dq<T>::chunk(w + off, c, v, ne0);
 #pragma unroll
             for (int j = 0; j < 8; j++)
-                acc2 = fmaf(v[j], xv[j], acc2);
+                acc[k] = fmaf(v[j], xv[j], acc[k]);
+            if (GLU) {
+                strata_dq<T>::chunk(u + off, c, v, ne0);
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    acc2[k] = fmaf(v[j], xv[j], acc2[k]);
+            }
         }
     }
-    acc = strata_warp_sum(acc);
-    if (GLU)
-        acc2 = strata_warp_sum(acc2);
-    if (lane == 0) {
-        int64_t o = (int64_t)s * y_stride + r;
-        if (GLU)
-            y[o] = acc / (1.0f + expf(-acc)) * acc2;
-        else
-            y[o] = (add ? add[o] : 0.0f) + acc;
+#pragma unroll
+    for (int k = 0; k < MV_RPW; k++) {
+        float a = strata_warp_sum(acc[k]);
+        float b = GLU ? strata_warp_sum(acc2[k]) : 0.0f;
+        if (lane == 0 && r0 + k < ne1) {
+            int64_t o = (int64_t)s * y_stride + r0 + k;
+            if (GLU)
+                y[o] = a / (1.0f + expf(-a)) * b;
+            else
+                y[o] = (add ? add[o] : 0.0f) + a;
+        }
     }
 }
 
@@ -85,7 +99,7 @@ int strata_k_matvec(struct strata_gpu_ctx *ctx, const struct strata_k_mv_args *a
                    a->up->ne1 != w->ne1 || a->up->nb1 != w->nb1 || a->up->nb2 != w->nb2))
         return strata_k_err(err, STRATA_E_INVALID,
                             "matvec: gate and up weights differ in type or shape");
-    int rows = STRATA_GPU_BLOCK / ctx->info.warp_size;
+    int rows = STRATA_GPU_BLOCK / ctx->info.warp_size * MV_RPW;
     dim3 grid((unsigned)((w->ne1 + rows - 1) / rows), (unsigned)a->n_slot), block(STRATA_GPU_BLOCK);
     const uint8_t *wp = (const uint8_t *)w->data;
     const uint8_t *up = a->glu ? (const uint8_t *)a->up->data : NULL;

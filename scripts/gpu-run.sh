@@ -1,36 +1,33 @@
 #!/bin/bash
-# gpu-run.sh - run the GPU tests and benchmarks packed by gpu-devrun.sh on a GPU
-# machine; logs go under $OUT (default ./gpu-out), a summary to stdout.
-#   scripts/gpu-run.sh [tests] [golden] [bench] [bench-args...]
+# gpu-run.sh - run what gpu-devrun.sh packed into devrun/ on a GPU machine: the kernel
+# tests, the golden tests (HF logits, llama.cpp text and perplexities), and the
+# synthetic-model benchmark, with a per-operation profile.  Logs go under $OUT
+# (default ./gpu-out); a summary goes to stdout.
 set -u
 root=$(pwd)
 out=${OUT:-$root/gpu-out}
 mkdir -p "$out"
 st=/tmp/strata-dev
 rm -rf "$st" && mkdir -p "$st" && tar -C "$st" -xJf devrun/bin.tar.xz || exit 1
-export LD_LIBRARY_PATH=$st/lib STRATA_BIN=$st/bin STRATA_ROOT=$root
-export STRATA_FIXTURES=$root/devrun/fixtures STRATA_BACKEND=${STRATA_BACKEND:-cuda}
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>&1
-what=${1:-all}
+# cuBLAS is loaded at run time: the toolkit's, else the one a Python install carries
+cb=$(python3 -c 'import nvidia.cublas,os;print(os.path.dirname(nvidia.cublas.__file__)+"/lib")' 2>/dev/null)
+export LD_LIBRARY_PATH=$st/lib:/usr/local/cuda/lib64${cb:+:$cb}
+export STRATA_BIN=$st/bin STRATA_ROOT=$root STRATA_FIXTURES=$root/devrun/fixtures
+export STRATA_BACKEND=${STRATA_BACKEND:-cuda}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
 rc=0
-tap() { # name command...
-    local n=$1
-    shift
-    local s=$SECONDS
-    "$@" > "$out/$n.tap" 2>&1
-    local r=$?
-    grep -E '^not ok|^Bail|^# ' "$out/$n.tap" | head -30
-    echo "== $n: $(grep -c '^ok' "$out/$n.tap") ok, $(grep -c '^not ok' "$out/$n.tap") not ok, exit $r, $((SECONDS - s)) s"
-    [ $r = 0 ] || rc=1
-}
-case " $* " in *" tests "*|" all ") tap kernels "$st/bin/test_kernels" ;; esac
-case " $* " in *" golden "*|" all ")
-    tap golden "$st/bin/test_golden"
-    for t in tests/gpu/t*.sh; do tap "$(basename "$t" .sh)" bash "$t"; done ;;
-esac
-case " $* " in *" bench "*|" all ")
-    shift_args=$(echo " $* " | sed 's/ tests / /; s/ golden / /; s/ bench / /; s/ all / /')
-    # shellcheck disable=SC2086
-    "$st/bin/bench_gpu" $shift_args 2>&1 | tee "$out/bench.txt" | tail -8 ;;
-esac
+for t in kernels golden; do
+    "$st/bin/test_$t" > "$out/$t.tap" 2>&1 || rc=1
+    echo "test_$t: $(grep -c '^ok' "$out/$t.tap") ok, $(grep -c '^not ok' "$out/$t.tap") not ok"
+    grep -E '^not ok|^Bail|^# .*gpu vs|^#   at' "$out/$t.tap" | head -12
+done
+for t in tests/gpu/t*.sh; do
+    bash "$t" > "$out/$(basename "$t" .sh).tap" 2>&1 || rc=1
+    grep -E '^not ok|^# .*PPL' "$out/$(basename "$t" .sh).tap"
+    echo "$(basename "$t"): $(grep -c '^ok' "$out/$(basename "$t" .sh).tap") ok, $(grep -c '^not ok' "$out/$(basename "$t" .sh).tap") not ok"
+done
+STRATA_GPU_PROFILE=1 "$st/bin/bench_gpu" --reps 1 > "$out/profile.txt" 2>&1
+grep -E 'profile (decode|batch) ' "$out/profile.txt" | head -16
+"$st/bin/bench_gpu" --reps 3 2>&1 | tail -3 | tee "$out/bench.txt"
+"$st/bin/bench_gpu" --reps 3 --pp 2048 --tg 32 2>&1 | tail -2 | tee -a "$out/bench.txt"
 exit $rc
