@@ -167,6 +167,7 @@ struct node {
     const char **kw_names;    /* keyword names; macro param names; for/set targets */
     int n_kw;
     int *ops;                 /* E_CMP operators */
+    int unknown;              /* E_FILTER/E_TEST: not a jinja2 filter/test name */
 };
 
 struct strata_jinja {
@@ -636,6 +637,32 @@ static int lex(struct lexer *lx)
 
 /* ---------------------------------------------------------------- parser */
 
+/* jinja2's built-in filters and tests (plus transformers' tojson).  jinja2 refuses a
+ * template that names any other at compile time, even in a branch never taken. */
+static const char *const filter_names[] = {
+    "abs", "attr", "batch", "capitalize", "center", "count", "d", "default", "dictsort", "e",
+    "escape", "filesizeformat", "first", "float", "forceescape", "format", "groupby", "indent",
+    "int", "items", "join", "last", "length", "list", "lower", "map", "max", "min", "pprint",
+    "random", "reject", "rejectattr", "replace", "reverse", "round", "safe", "select",
+    "selectattr", "slice", "sort", "string", "striptags", "sum", "title", "tojson", "trim",
+    "truncate", "unique", "upper", "urlencode", "urlize", "wordcount", "wordwrap", "xmlattr",
+    NULL
+};
+static const char *const test_names[] = {
+    "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "escaped", "even",
+    "false", "filter", "float", "ge", "gt", "greaterthan", "in", "integer", "iterable", "le",
+    "lower", "lt", "lessthan", "mapping", "ne", "none", "number", "odd", "sameas", "sequence",
+    "string", "test", "true", "undefined", "upper", NULL
+};
+
+static int name_in(const char *const *tab, const char *name, size_t n)
+{
+    for (int i = 0; tab[i]; i++)
+        if (strlen(tab[i]) == n && memcmp(tab[i], name, n) == 0)
+            return 1;
+    return 0;
+}
+
 struct parser {
     struct arena *ar;
     struct tok *t;
@@ -1008,6 +1035,7 @@ static int parse_filter_expr(struct parser *p, struct node **io)
             struct node *n = mk(p, E_FILTER, nk);
             if (!n || !(n->name = tokname(p, nk)))
                 return NOMEM_P(p);
+            n->unknown = !name_in(filter_names, nk->s, nk->n);
             p->i++;
             /* dotted filter names are not used by chat templates */
             if (is_op(pk(p), '(')) {
@@ -1030,6 +1058,7 @@ static int parse_filter_expr(struct parser *p, struct node **io)
             struct node *n = mk(p, E_TEST, nk);
             if (!n || !(n->name = tokname(p, nk)))
                 return NOMEM_P(p);
+            n->unknown = !name_in(test_names, nk->s, nk->n);
             p->i++;
             n->op = neg;
             struct tok *a = pk(p);
@@ -1547,6 +1576,7 @@ static int parse_stmt(struct parser *p, struct node **out, const char *const *en
         struct node *f = mk(p, E_FILTER, nk);
         if (!f || !(f->name = tokname(p, nk)))
             return NOMEM_P(p);
+        f->unknown = !name_in(filter_names, nk->s, nk->n);
         p->i++;
         if (is_op(pk(p), '(')) {
             p->i++;
@@ -3567,6 +3597,8 @@ static int apply_test(struct ctx *c, const struct node *at, const char *name,
                 || (v->t >= V_LIST && v->t != V_STR && val_eq(v, x)));
     } else if (!strcmp(name, "escaped")) {
         r = 0;
+    } else if (!strcmp(name, "filter") || !strcmp(name, "test")) {
+        r = v->t == V_STR && name_in(name[0] == 'f' ? filter_names : test_names, v->u.s, v->n);
     } else if (!strcmp(name, "in")) {
         if (!x)
             return rt_fail(c, at, STRATA_E_INVALID, "test 'in' needs an argument");
@@ -4886,6 +4918,65 @@ static int exec_body(struct ctx *c, struct scope *sc, const struct node *body)
     return 0;
 }
 
+/* jinja2 refuses, when compiling, a filter or test name it does not know, except
+ * inside an if statement or an inline if (where the error waits for run time); a loop,
+ * macro, call, filter, with or block-set body inside the if is strict again. */
+static int check_names(const struct strata_jinja *t, const struct node *n, int soft,
+                       struct strata_err *err)
+{
+    int rc = 0;
+    if (!n)
+        return 0;
+    if ((n->kind == E_FILTER || n->kind == E_TEST) && n->unknown && !soft)
+        return strata_err_set(err, STRATA_E_FORMAT, "template '%s' line %d column %d: no %s named '%s'",
+                              t->name, n->line, n->col, n->kind == E_FILTER ? "filter" : "test",
+                              n->name);
+    int sa = soft, sb = soft, sc = soft, sargs = soft, skw = soft;
+    int n_args = n->n_args, n_kw = n->n_kw;
+    switch (n->kind) {
+    case S_IF:
+    case E_COND:
+        sa = sb = sc = sargs = skw = 1;
+        n_kw = n->kind == S_IF ? n->n_args : 0;
+        break;
+    case S_FOR:
+        sb = sc = sargs = 0;
+        n_kw = 0;
+        break;
+    case S_MACRO:
+    case S_CALLBLOCK:
+        sb = skw = 0;
+        break;
+    case S_FILTERBLOCK:
+    case S_SETBLOCK:
+        sa = sb = 0;
+        break;
+    case S_WITH:
+        sb = 0;
+        break;
+    case E_DICT:
+        n_kw = n->n_args;
+        break;
+    case E_SLICE:
+        if (n->args && (rc = check_names(t, n->args[0], soft, err)))
+            return rc;
+        n_args = 0;
+        break;
+    default:
+        break;
+    }
+    if ((rc = check_names(t, n->a, sa, err)) || (rc = check_names(t, n->b, sb, err))
+        || (rc = check_names(t, n->c, sc, err)))
+        return rc;
+    for (int i = 0; i < n_args && n->args; i++)
+        if ((rc = check_names(t, n->args[i], sargs, err)))
+            return rc;
+    for (int i = 0; i < n_kw && n->kw; i++)
+        if ((rc = check_names(t, n->kw[i], skw, err)))
+            return rc;
+    return 0;
+}
+
 /* ---------------------------------------------------------------- public API */
 
 int strata_jinja_parse(struct strata_jinja **out, const char *src, size_t len, const char *name,
@@ -4929,7 +5020,7 @@ int strata_jinja_parse(struct strata_jinja **out, const char *src, size_t len, c
     if ((rc = lex(&lx)))
         goto out;
     struct parser p = { &t->ar, lx.toks, 0, lx.n, t->name, 0, err };
-    if ((rc = parse_body(&p, &t->root, NULL, NULL)))
+    if ((rc = parse_body(&p, &t->root, NULL, NULL)) || (rc = check_names(t, t->root, 0, err)))
         goto out;
     *out = t;
     t = NULL;

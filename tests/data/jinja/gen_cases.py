@@ -194,6 +194,16 @@ CASES = [
     "{{ d.get('a')[2].get('x') }} {{ msgs[0].get('content') }} {{ msgs[0].get('nothing', 'dflt') }}",
     "{% set t = 'number' %}{{ t in ('number', 'integer') }} {{ 'x' ~ (z or '') }} {{ (s ~ '!') | length }}",
     "{%- set content = 'abc CONTINUE' -%}{%- set tag = ' CONTINUE' -%}{%- if content.endswith(tag) -%}{{ content[:(content | length) - (tag | length)] }}{%- endif -%}",
+    # unknown filters and tests fail the whole template, as at jinja2's compile time
+    "{% if false %}{{ x | fromjson }}{% endif %}ok",
+    "{% if false %}{{ x is frobbed }}{% endif %}ok",
+    "{% if false %}{% filter nosuch %}x{% endfilter %}{% endif %}ok",
+    "{% if false %}{% for i in l %}{{ i | nosuch }}{% endfor %}{% endif %}ok",
+    "{{ (n | nosuch) if false else 1 }} {{ 2 if true else n is nosuch }}",
+    "{% if false %}{% macro m() %}{{ 1 | nosuch }}{% endmacro %}{% endif %}ok",
+    "{% if true %}{{ n | nosuchfilter }}{% endif %}",
+    "{{ 'upper' is filter }} {{ 'fromjson' is filter }} {{ 'defined' is test }} {{ n is test }}",
+    "{{ msgs | selectattr('role', '==', 'user') | list | length }} {{ l | select('>', 1) | list }}",
     # errors
     "{{ raise_exception('custom failure: ' ~ n) }}",
     "{% if n > 5 %}{{ raise_exception('too big') }}{% endif %}",
