@@ -4,7 +4,7 @@
  * modeling_mixtral / modeling_qwen2_moe / modeling_qwen3): llama dense,
  * llama with Mixtral-style experts (softmax, top-k renormalised), qwen3
  * (q/k norm, NeoX RoPE), qwen2moe (q/k/v biases, no renormalisation, shared
- * expert behind a sigmoid gate), qwen3moe; linear RoPE scaling; a missing
+ * expert behind a sigmoid gate), qwen3moe; linear and YaRN RoPE scaling; a missing
  * key and a missing tensor. */
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +24,7 @@ struct cfg {
     const char *arch;
     int moe, qk_norm, bias, shexp, neox, norm_w;
     float rope_scale; /* linear factor, 0 = none */
+    int yarn;         /* rope_scale is a YaRN factor (original context 16) */
 };
 
 /* all weights of the test model (F32) */
@@ -84,11 +85,37 @@ static void ref_ffn(const float *g, const float *u, const float *d, int f, const
     ref_mv(d, a, y, E, f);
 }
 
-static void ref_rope(float *x, int pos, int neox, float scale)
+/* YaRN as transformers' _compute_yarn_parameters: per-dimension blend of
+ * interpolated and extrapolated frequencies with a linear ramp between the
+ * correction dims of beta_fast 32 / beta_slow 1, cos/sin scaled by
+ * 0.1 ln(factor) + 1. */
+static double yarn_corr(double n_rot, double base, double orig)
 {
+    return HD * log(orig / (n_rot * 2 * M_PI)) / (2 * log(base));
+}
+
+static void ref_rope(float *x, int pos, int neox, float scale, float yarn_factor)
+{
+    double low = 0, high = 0, msc = 1;
+    if (yarn_factor > 0) {
+        low = floor(yarn_corr(32, 10000, 16));
+        high = ceil(yarn_corr(1, 10000, 16));
+        if (low < 0)
+            low = 0;
+        if (high > HD - 1)
+            high = HD - 1;
+        msc = 0.1 * log(yarn_factor) + 1;
+    }
     for (int i = 0; i < HD / 2; i++) {
-        double th = pos * pow(10000.0, -2.0 * i / HD) * scale;
-        double c = cos(th), s = sin(th);
+        double inv = pow(10000.0, -2.0 * i / HD);
+        double th = pos * inv * scale;
+        if (yarn_factor > 0) {
+            double ramp = (i - low) / (high - low > 0.001 ? high - low : 0.001);
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            double extra = 1 - ramp;
+            th = pos * (inv / yarn_factor * (1 - extra) + inv * extra);
+        }
+        double c = cos(th) * msc, s = sin(th) * msc;
         int a = neox ? i : 2 * i, b = neox ? i + HD / 2 : 2 * i + 1;
         double x0 = x[a], x1 = x[b];
         x[a] = (float)(x0 * c - x1 * s);
@@ -100,7 +127,8 @@ static void ref_forward(const struct cfg *c, const struct w *W, const int32_t *i
                         float *logits)
 {
     static float x[16][E], K[NL][16][NKV * HD], Vv[NL][16][NKV * HD];
-    const float rs = c->rope_scale > 0 ? 1.0f / c->rope_scale : 1.0f;
+    const float rs = c->rope_scale > 0 && !c->yarn ? 1.0f / c->rope_scale : 1.0f;
+    const float yf = c->yarn ? c->rope_scale : 0;
     for (int t = 0; t < n; t++)
         memcpy(x[t], W->tok + (size_t)ids[t] * E, sizeof x[t]);
     for (int l = 0; l < NL; l++) {
@@ -119,12 +147,12 @@ static void ref_forward(const struct cfg *c, const struct w *W, const int32_t *i
             for (int hh = 0; hh < NH; hh++) {
                 if (c->qk_norm)
                     ref_norm(q + hh * HD, W->l[l].qn, q + hh * HD, HD);
-                ref_rope(q + hh * HD, t, c->neox, rs);
+                ref_rope(q + hh * HD, t, c->neox, rs, yf);
             }
             for (int hh = 0; hh < NKV; hh++) {
                 if (c->qk_norm)
                     ref_norm(K[l][t] + hh * HD, W->l[l].kn, K[l][t] + hh * HD, HD);
-                ref_rope(K[l][t] + hh * HD, t, c->neox, rs);
+                ref_rope(K[l][t] + hh * HD, t, c->neox, rs, yf);
             }
             for (int hh = 0; hh < NH; hh++) {
                 int kv = hh / (NH / NKV);
@@ -254,9 +282,13 @@ static void *build(const struct cfg *c, const struct w *W, size_t *size, const c
         rc = strata_gguf_writer_add_f32(g, KEY("attention.layer_norm_rms_epsilon"), 1e-6f,
                                         &err);
     if (!rc && c->rope_scale > 0) {
-        rc = strata_gguf_writer_add_str(g, KEY("rope.scaling.type"), "linear", &err);
+        rc = strata_gguf_writer_add_str(g, KEY("rope.scaling.type"), c->yarn ? "yarn" : "linear",
+                                        &err);
         if (!rc)
             rc = strata_gguf_writer_add_f32(g, KEY("rope.scaling.factor"), c->rope_scale, &err);
+        if (!rc && c->yarn)
+            rc = strata_gguf_writer_add_u32(g, KEY("rope.scaling.original_context_length"), 16,
+                                            &err);
     }
     if (!rc && c->moe && strcmp(c->arch, "qwen3moe") == 0 && !c->norm_w)
         rc = strata_gguf_writer_add_bool(g, KEY("expert_weights_norm"), 0, &err);
@@ -341,7 +373,8 @@ static void check_arch(const struct cfg *c, struct w *W)
         if (fabs(got[i] - want[i]) > md || got[i] != got[i])
             md = got[i] != got[i] ? INFINITY : fabs(got[i] - want[i]);
     ok(rc == 0 && md < 2e-4, "%s%s%s: logits match the reference (max diff %.2g)", c->arch,
-       c->moe ? " moe" : "", c->rope_scale > 0 ? " linear rope" : "", md);
+       c->moe ? " moe" : "", c->yarn ? " yarn rope" : c->rope_scale > 0 ? " linear rope" : "",
+       md);
 out:
     strata_engine_close(e);
     strata_gguf_close(g);
@@ -396,14 +429,15 @@ int main(void)
         fill(W->l[l].us, FS * E, 0.2f, 0);
         fill(W->l[l].ds, FS * E, 0.2f, 0);
     }
-    /*                    arch        moe qkn bias shx neox norm rope */
-    struct cfg llama = { "llama", 0, 0, 0, 0, 0, 1, 0 };
-    struct cfg mixtral = { "llama", 1, 0, 0, 0, 0, 1, 0 };
-    struct cfg llama_lin = { "llama", 0, 0, 0, 0, 0, 1, 4.0f };
-    struct cfg qwen3 = { "qwen3", 0, 1, 0, 0, 1, 0, 0 };
-    struct cfg q3moe = { "qwen3moe", 1, 1, 0, 0, 1, 1, 0 };
-    struct cfg q3moe_nonorm = { "qwen3moe", 1, 1, 0, 0, 1, 0, 0 };
-    struct cfg q2moe = { "qwen2moe", 1, 0, 1, 1, 1, 0, 0 };
+    /*                    arch        moe qkn bias shx neox norm rope yarn */
+    struct cfg llama = { "llama", 0, 0, 0, 0, 0, 1, 0, 0 };
+    struct cfg mixtral = { "llama", 1, 0, 0, 0, 0, 1, 0, 0 };
+    struct cfg llama_lin = { "llama", 0, 0, 0, 0, 0, 1, 4.0f, 0 };
+    struct cfg qwen3 = { "qwen3", 0, 1, 0, 0, 1, 0, 0, 0 };
+    struct cfg q3moe = { "qwen3moe", 1, 1, 0, 0, 1, 1, 0, 0 };
+    struct cfg q3moe_nonorm = { "qwen3moe", 1, 1, 0, 0, 1, 0, 0, 0 };
+    struct cfg q2moe = { "qwen2moe", 1, 0, 1, 1, 1, 0, 0, 0 };
+    struct cfg q3_yarn = { "qwen3", 0, 1, 0, 0, 1, 0, 4.0f, 1 };
     check_arch(&llama, W);
     check_arch(&mixtral, W);
     check_arch(&llama_lin, W);
@@ -411,6 +445,7 @@ int main(void)
     check_arch(&q3moe, W);
     check_arch(&q3moe_nonorm, W);
     check_arch(&q2moe, W);
+    check_arch(&q3_yarn, W);
     check_missing(&q2moe, W, "attention.head_count", NULL,
                   "required key 'qwen2moe.attention.head_count' not found");
     check_missing(&q2moe, W, NULL, "blk.1.ffn_up_shexp.weight",
