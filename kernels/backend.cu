@@ -386,7 +386,9 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
                           dev, n_dev, STRATA_GPU_RUNTIME_NAME, n_dev == 1 ? "" : "s");
         goto out;
     }
-    if ((rc = strata_gpu_info_query(dev, &s->ctx.info, err)))
+    if ((rc = strata_gpu_info_query(dev, &s->ctx.info, err)) ||
+        (rc = gpu_call(s, cudaSetDevice(dev), "cudaSetDevice", err)) ||
+        (rc = strata_gpu_check_image(&s->ctx.info, err)))
         goto out;
     if ((rc = gpu_call(s, cudaSetDevice(dev), "cudaSetDevice", err)) ||
         (rc = gpu_call(s, cudaStreamCreateWithFlags(&s->ctx.stream, cudaStreamNonBlocking),

@@ -62,6 +62,33 @@ int strata_gpu_info_query(int dev, struct strata_gpu_info *info, struct strata_e
     return 0;
 }
 
+/* A kernel that does nothing: asking for its attributes tells whether this build holds
+ * code the device can run. */
+__global__ void image_probe_kernel(int *p)
+{
+    if (p)
+        *p = 0;
+}
+
+int strata_gpu_check_image(const struct strata_gpu_info *info, struct strata_err *err)
+{
+    cudaFuncAttributes fa;
+    cudaError_t e = cudaFuncGetAttributes(&fa, reinterpret_cast<const void *>(image_probe_kernel));
+    if (e == cudaSuccess)
+        return 0;
+    (void)cudaGetLastError();
+    return strata_k_err(err, STRATA_E_UNSUPPORTED,
+                        "this build has no kernels for %s device %d (%s, %s): %s; rebuild "
+                        "with %s=%s", STRATA_GPU_RUNTIME_NAME, info->device, info->name,
+                        info->arch, cudaGetErrorString(e),
+#ifdef STRATA_GPU_HIP
+                        "HIP_ARCH", info->arch
+#else
+                        "CUDA_ARCHS", info->arch + 3
+#endif
+    );
+}
+
 int strata_k_check(struct strata_gpu_ctx *ctx, const char *kernel, dim3 grid, dim3 block,
                    struct strata_err *err, const char *shapes_fmt, ...)
 {

@@ -31,6 +31,11 @@ struct strata_gpu_ctx {
 /* Fill info for device dev (runtime index after *_VISIBLE_DEVICES masking). */
 int strata_gpu_info_query(int dev, struct strata_gpu_info *info, struct strata_err *err);
 
+/* 0 if this build holds kernels the device can run (its own SASS / code object, or
+ * PTX the driver compiles); else STRATA_E_UNSUPPORTED naming the device's architecture
+ * and the build variable to set. */
+int strata_gpu_check_image(const struct strata_gpu_info *info, struct strata_err *err);
+
 /* Check the launch just made: returns 0, or STRATA_E_GPU with a message naming the
  * kernel, its grid, block and shapes (a printf-style description), the device and
  * the runtime's error.  Synchronises first when ctx->sync_debug is set. */
