@@ -678,15 +678,26 @@ static void attn_item_avx2_f16(const float *q, int G, int hk, int hv, int n_pos,
         sum[g] = sm;
         memset(o + (size_t)g * ostride, 0, sizeof(float) * hv);
     }
-    for (int p = 0; p < n_pos; p++) {
-        const uint16_t *vp = vc + (size_t)p * vrow;
+    /* weighted values: 8 output dims of up to 4 heads stay in registers
+     * while the positions stream past (the sum order per output is fixed) */
+    for (int g0 = 0; g0 < G; g0 += 4) {
+        const int ng = G - g0 < 4 ? G - g0 : 4;
+        const float *s0 = sc + (size_t)g0 * n_pos;
+        const float *s1 = ng > 1 ? s0 + n_pos : s0, *s2 = ng > 2 ? s0 + 2 * (size_t)n_pos : s0;
+        const float *s3 = ng > 3 ? s0 + 3 * (size_t)n_pos : s0;
         for (int i = 0; i < hv; i += 8) {
-            __m256 vv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vp + i)));
-            for (int g = 0; g < G; g++) {
-                float *og = o + (size_t)g * ostride + i;
-                _mm256_storeu_ps(og, _mm256_fmadd_ps(_mm256_set1_ps(sc[(size_t)g * n_pos + p]),
-                                                     vv, _mm256_loadu_ps(og)));
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int p = 0; p < n_pos; p++) {
+                __m256 vv = _mm256_cvtph_ps(
+                    _mm_loadu_si128((const __m128i *)(vc + (size_t)p * vrow + i)));
+                a0 = _mm256_fmadd_ps(_mm256_set1_ps(s0[p]), vv, a0);
+                a1 = _mm256_fmadd_ps(_mm256_set1_ps(s1[p]), vv, a1);
+                a2 = _mm256_fmadd_ps(_mm256_set1_ps(s2[p]), vv, a2);
+                a3 = _mm256_fmadd_ps(_mm256_set1_ps(s3[p]), vv, a3);
             }
+            __m256 acc[4] = { a0, a1, a2, a3 };
+            for (int g = 0; g < ng; g++)
+                _mm256_storeu_ps(o + (size_t)(g0 + g) * ostride + i, acc[g]);
         }
     }
     for (int g = 0; g < G; g++) {
