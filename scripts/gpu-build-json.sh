@@ -23,6 +23,7 @@ cat <<JSON
   "ptx": $( [ "$backend" = cuda ] && echo true || echo false ),
   "library_dirs": ["$libdir"],
   "runtime_linkage": "$( [ "$backend" = cuda ] && echo static || echo shared )",
+  "optional_libraries": [$( [ "$backend" = cuda ] && echo '"libcublas.so.13 (prefill projections; loaded at run time when present)"' )],
   "source_commit": "$commit",
   "built": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 }
