@@ -100,7 +100,8 @@ struct cpu_state {
     size_t kv_elt;      /* bytes per kv element */
     int64_t n_kv_k;     /* n_head_kv * n_embd_head_k */
     int64_t n_kv_v;
-    void **k_cache;     /* [n_layer] -> [n_ctx, n_kv_k] */
+    void **k_cache;     /* [n_layer] -> [n_ctx / 8, n_kv_k, 8]: keys of 8 positions
+                           interleaved per dim, so 8 scores are one vector op per dim */
     void **v_cache;     /* [n_layer] -> [n_ctx, n_kv_v] */
     float *rope_cs;     /* [n_ctx, n_rot/2, 2] cos, sin */
     /* per-layer norm vectors as float */
@@ -290,7 +291,7 @@ static int cpu_init(void **state, const struct strata_model *m,
     ALLOC(s->bq, L); ALLOC(s->bk, L); ALLOC(s->bv, L); ALLOC(s->shexp_gate, L);
     for (int64_t il = 0; il < L; il++) {
         const struct strata_layer *ly = &m->layers[il];
-        s->k_cache[il] = calloc((size_t)s->n_ctx * s->n_kv_k, s->kv_elt);
+        s->k_cache[il] = calloc((size_t)(s->n_ctx + 7) / 8 * 8 * s->n_kv_k, s->kv_elt);
         s->v_cache[il] = calloc((size_t)s->n_ctx * s->n_kv_v, s->kv_elt);
         if (!s->k_cache[il] || !s->v_cache[il]) {
             rc = strata_err_set(err, STRATA_E_NOMEM, "cannot allocate the kv cache (%d "
@@ -514,25 +515,6 @@ static float dot_f32(const float *a, const float *b, int n)
 
 #ifdef HAVE_X86
 __attribute__((target("avx2,fma,f16c")))
-static float dot_f16_avx2(const float *a, const uint16_t *b, int n)
-{
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 vb = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(b + i)));
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), vb, acc);
-    }
-    __m128 lo = _mm256_castps256_ps128(acc), hi = _mm256_extractf128_ps(acc, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    float s = _mm_cvtss_f32(lo);
-    for (; i < n; i++)
-        s += a[i] * strata_f16_to_f32(b[i]);
-    return s;
-}
-
-__attribute__((target("avx2,fma,f16c")))
 static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int n)
 {
     __m256 va = _mm256_set1_ps(a);
@@ -543,23 +525,6 @@ static void axpy_f16_avx2(float *y, float a, const uint16_t *x, int n)
     }
     for (; i < n; i++)
         y[i] += a * strata_f16_to_f32(x[i]);
-}
-
-__attribute__((target("avx2,fma")))
-static float dot_f32_avx2(const float *a, const float *b, int n)
-{
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    __m128 lo = _mm256_castps256_ps128(acc), hi = _mm256_extractf128_ps(acc, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_hadd_ps(lo, lo);
-    lo = _mm_hadd_ps(lo, lo);
-    float s = _mm_cvtss_f32(lo);
-    for (; i < n; i++)
-        s += a[i] * b[i];
-    return s;
 }
 
 __attribute__((target("avx2,fma")))
@@ -574,22 +539,6 @@ static void axpy_f32_avx2(float *y, float a, const float *x, int n)
         y[i] += a * x[i];
 }
 #endif
-
-static float kv_dot(int simd, int f16, const float *q, const void *k, int n)
-{
-#ifdef HAVE_X86
-    if (simd >= STRATA_SIMD_AVX2)
-        return f16 ? dot_f16_avx2(q, k, n) : dot_f32_avx2(q, k, n);
-#endif
-    (void)simd;
-    if (!f16)
-        return dot_f32(q, k, n);
-    const uint16_t *h = k;
-    float s = 0;
-    for (int i = 0; i < n; i++)
-        s += q[i] * strata_f16_to_f32(h[i]);
-    return s;
-}
 
 static void kv_axpy(int simd, int f16, float *y, float a, const void *x, int n)
 {
@@ -624,59 +573,89 @@ struct attn_job {
  * Every item reads keys and values from the cache only, so its result does
  * not depend on the batch it is in. */
 #ifdef HAVE_X86
+/* e^x for 8 floats (x <= 88), the Cephes expf scheme: x = n ln2 + r with
+ * |r| <= ln2/2 (ln2 split in two constants), a degree-5 minimax polynomial
+ * for e^r, 2^n built in the exponent bits; within 2 ulp of expf. */
+__attribute__((target("avx2,fma")))
+static __m256 exp8_avx2(__m256 x)
+{
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3365478515625f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f),
+                                                _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx),
+                                                   _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
+
 /* AVX2 item for head sizes that are multiples of 8 with an f16 cache. */
 __attribute__((target("avx2,fma,f16c")))
 static void attn_item_avx2_f16(const float *q, int G, int hk, int hv, int n_pos,
-                               const uint16_t *kc, size_t krow, const uint16_t *vc,
+                               const uint16_t *kc, size_t kblk, const uint16_t *vc,
                                size_t vrow, float scale, float *sc, float *o, size_t ostride)
 {
     float mx[ATTN_MAX_GQA], sum[ATTN_MAX_GQA];
     for (int g = 0; g < G; g++)
         mx[g] = -INFINITY;
-    /* scores of 8 positions at a time, reduced together; a block past the
-     * end repeats the last row, so every position is computed the same way
-     * whatever n_pos is (batch invariance) */
+    /* scores of 8 positions at a time: the key cache holds each dim of 8
+     * positions side by side, so a score vector is hk multiply-adds with no
+     * horizontal reduction; every lane is computed the same way whatever
+     * n_pos is (batch invariance) and lanes past n_pos are dropped */
     for (int p0 = 0; p0 < n_pos; p0 += 8) {
-        const uint16_t *kp[8];
-        for (int j = 0; j < 8; j++)
-            kp[j] = kc + (size_t)(p0 + j < n_pos ? p0 + j : n_pos - 1) * krow;
-        for (int g = 0; g < G; g++) {
-            const float *qg = q + (size_t)g * hk;
-            __m256 acc[8];
-            for (int j = 0; j < 8; j++)
-                acc[j] = _mm256_setzero_ps();
-            for (int i = 0; i < hk; i += 8) {
-                __m256 qv = _mm256_loadu_ps(qg + i);
-                for (int j = 0; j < 8; j++)
-                    acc[j] = _mm256_fmadd_ps(
-                        qv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kp[j] + i))),
-                        acc[j]);
+        const uint16_t *kb = kc + (size_t)(p0 / 8) * kblk;
+        const int nj = n_pos - p0 < 8 ? n_pos - p0 : 8;
+        for (int g0 = 0; g0 < G; g0 += 4) {
+            const int ng = G - g0 < 4 ? G - g0 : 4;
+            const float *q0 = q + (size_t)g0 * hk;
+            const float *q1 = ng > 1 ? q0 + hk : q0, *q2 = ng > 2 ? q0 + 2 * hk : q0;
+            const float *q3 = ng > 3 ? q0 + 3 * hk : q0;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (int d = 0; d < hk; d++) {
+                __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kb + d * 8)));
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(q0 + d), kv, a0);
+                a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(q1 + d), kv, a1);
+                a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(q2 + d), kv, a2);
+                a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(q3 + d), kv, a3);
             }
-            __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
-            __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
-            t0 = _mm256_hadd_ps(t0, t1);
-            t2 = _mm256_hadd_ps(t2, t3);
-            __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(t0, t2, 0x20),
-                                     _mm256_permute2f128_ps(t0, t2, 0x31));
-            float v8[8];
-            _mm256_storeu_ps(v8, _mm256_mul_ps(r, _mm256_set1_ps(scale)));
-            const int nj = n_pos - p0 < 8 ? n_pos - p0 : 8;
-            float *sg = sc + (size_t)g * n_pos + p0;
-            for (int j = 0; j < nj; j++) {
-                sg[j] = v8[j];
-                if (v8[j] > mx[g])
-                    mx[g] = v8[j];
+            __m256 acc[4] = { a0, a1, a2, a3 };
+            for (int g = 0; g < ng; g++) {
+                float v8[8];
+                _mm256_storeu_ps(v8, _mm256_mul_ps(acc[g], _mm256_set1_ps(scale)));
+                float *sg = sc + (size_t)(g0 + g) * n_pos + p0;
+                for (int j = 0; j < nj; j++) {
+                    sg[j] = v8[j];
+                    if (v8[j] > mx[g0 + g])
+                        mx[g0 + g] = v8[j];
+                }
             }
         }
     }
     for (int g = 0; g < G; g++) {
-        float *sg = sc + (size_t)g * n_pos, sm = 0;
-        for (int p = 0; p < n_pos; p++) {
+        float *sg = sc + (size_t)g * n_pos;
+        __m256 vs = _mm256_setzero_ps(), vm = _mm256_set1_ps(mx[g]);
+        int p = 0;
+        for (; p + 8 <= n_pos; p += 8) {
+            __m256 e = exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(sg + p), vm));
+            _mm256_storeu_ps(sg + p, e);
+            vs = _mm256_add_ps(vs, e);
+        }
+        float part[8], sm = 0;
+        _mm256_storeu_ps(part, vs);
+        for (int i = 0; i < 8; i++)
+            sm += part[i];
+        for (; p < n_pos; p++) {
             sg[p] = expf(sg[p] - mx[g]);
             sm += sg[p];
         }
         sum[g] = sm;
-        memset(o + (size_t)g * ostride, 0, sizeof(float) * hv);
     }
     /* weighted values: 8 output dims of up to 4 heads stay in registers
      * while the positions stream past (the sum order per output is fixed) */
@@ -710,16 +689,23 @@ static void attn_item_avx2_f16(const float *q, int G, int hk, int hv, int n_pos,
 
 /* Portable item (any head size, f16 or f32 cache). */
 static void attn_item(const struct cpu_state *s, int simd, const float *q, int G, int hk,
-                      int hv, int n_pos, const char *kc, size_t krow, const char *vc,
+                      int hv, int n_pos, const char *kc, size_t kblk, const char *vc,
                       size_t vrow, float scale, float *sc, float *o, size_t ostride)
 {
     float mx[ATTN_MAX_GQA], sum[ATTN_MAX_GQA];
+    float kp[1024];
     for (int g = 0; g < G; g++)
         mx[g] = -INFINITY;
     for (int p = 0; p < n_pos; p++) {
-        const void *kp = kc + (size_t)p * krow;
+        /* gather the key of position p from its block (lane p % 8) */
+        const char *kb = kc + (size_t)(p / 8) * kblk * s->kv_elt;
+        for (int d = 0; d < hk; d++) {
+            size_t at = (size_t)d * 8 + p % 8;
+            kp[d] = s->kv_f16 ? strata_f16_to_f32(((const uint16_t *)kb)[at])
+                              : ((const float *)kb)[at];
+        }
         for (int g = 0; g < G; g++) {
-            float v = kv_dot(simd, s->kv_f16, q + (size_t)g * hk, kp, hk) * scale;
+            float v = dot_f32(q + (size_t)g * hk, kp, hk) * scale;
             sc[(size_t)g * n_pos + p] = v;
             if (v > mx[g])
                 mx[g] = v;
@@ -759,7 +745,8 @@ static void attn_worker(void *ctx, int ith, int nth)
     const int simd = strata_quant_simd_level();
     float *sc = s->scores + (size_t)ith * s->n_ctx * G;
     const char *kc = s->k_cache[j->il], *vc = s->v_cache[j->il];
-    const size_t krow = (size_t)s->n_kv_k * s->kv_elt, vrow = (size_t)s->n_kv_v * s->kv_elt;
+    const size_t kblk = (size_t)s->n_kv_k * 8; /* elements per block of 8 positions */
+    const size_t vrow = (size_t)s->n_kv_v * s->kv_elt;
     const int n_items = j->n_tok * nhk;
     const int per = (n_items + nth - 1) / nth;
     const int i0 = ith * per, i1 = i0 + per < n_items ? i0 + per : n_items;
@@ -768,16 +755,28 @@ static void attn_worker(void *ctx, int ith, int nth)
         const int n_pos = j->pos0 + t + 1;
         const float *q = s->q + (size_t)t * qd + (size_t)hkv * G * hk;
         float *o = s->att + (size_t)t * od + (size_t)hkv * G * hv;
-        const char *kb = kc + (size_t)hkv * hk * s->kv_elt;
+        const char *kb = kc + (size_t)hkv * hk * 8 * s->kv_elt;
         const char *vb = vc + (size_t)hkv * hv * s->kv_elt;
 #ifdef HAVE_X86
-        if (simd >= STRATA_SIMD_AVX2 && s->kv_f16 && hk % 8 == 0 && hv % 8 == 0) {
-            attn_item_avx2_f16(q, G, hk, hv, n_pos, (const uint16_t *)kb, krow / 2,
+        if (simd >= STRATA_SIMD_AVX2 && s->kv_f16 && hv % 8 == 0) {
+            attn_item_avx2_f16(q, G, hk, hv, n_pos, (const uint16_t *)kb, kblk,
                                (const uint16_t *)vb, vrow / 2, scale, sc, o, (size_t)hv);
             continue;
         }
 #endif
-        attn_item(s, simd, q, G, hk, hv, n_pos, kb, krow, vb, vrow, scale, sc, o, (size_t)hv);
+        attn_item(s, simd, q, G, hk, hv, n_pos, kb, kblk, vb, vrow, scale, sc, o, (size_t)hv);
+    }
+}
+
+/* keys: element (pos, c) of the [n_kv_k] row at ((pos / 8) * n_kv_k + c) * 8 + pos % 8 */
+static void k_store(struct cpu_state *s, void *cache, const float *src, int pos)
+{
+    const size_t base = (size_t)(pos / 8) * s->n_kv_k * 8 + pos % 8;
+    for (int64_t c = 0; c < s->n_kv_k; c++) {
+        if (s->kv_f16)
+            ((uint16_t *)cache)[base + (size_t)c * 8] = strata_f32_to_f16(src[c]);
+        else
+            ((float *)cache)[base + (size_t)c * 8] = src[c];
     }
 }
 
@@ -1050,7 +1049,7 @@ static int cpu_forward(void *state, const struct strata_batch *b, float *logits,
                     rms_norm(kh, s->k_norm[il], kh, hk, hp->f_norm_rms_eps);
                 rope_apply(s, kh, pos0 + t);
             }
-            kv_store(s, s->k_cache[il], k, s->n_kv_k, pos0 + t);
+            k_store(s, s->k_cache[il], k, pos0 + t);
             kv_store(s, s->v_cache[il], v, s->n_kv_v, pos0 + t);
         }
         PROF(PROF_QKV);
