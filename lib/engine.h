@@ -6,8 +6,8 @@
  * of consecutive positions goes through the same forward pass: a prompt
  * (split into chunks of n_prefill tokens), a single decode token, or a
  * speculative verify window.  The logits of a position are bitwise identical
- * whether it was computed alone or inside a batch (of any size, on the CPU
- * backend, for a fixed thread count) - speculative decoding relies on it.
+ * whether it was computed alone or inside a batch of any size, and with any
+ * thread count (on the CPU backend; tested) - speculative decoding relies on it.
  *
  * The engine remembers the token ids whose keys/values are in the kv cache
  * (its history), so a caller can reuse a common prefix: roll back to the
