@@ -133,6 +133,34 @@ static void test_errors(void)
        "row range past ne1 refused: %s", err.msg);
 }
 
+/* strata_matmul_q with activations quantised by the caller, rows padded
+ * apart, equals strata_matmul bit for bit. */
+static void test_prequantised(struct strata_pool *pool)
+{
+    struct strata_err err = {0};
+    uint32_t type = STRATA_TYPE_Q4_K;
+    int64_t ne0 = 512, ne1 = 19, n_tok = 6;
+    size_t row = strata_ggml_row_size(type, (uint64_t)ne0);
+    uint8_t *wd = malloc(row * (size_t)ne1);
+    qt_random_blocks(type, wd, ne1 * ne0 / 256);
+    struct strata_mat w = {type, ne0, ne1, row, wd};
+    float *x = malloc(sizeof(float) * (size_t)(ne0 * n_tok));
+    for (int64_t i = 0; i < ne0 * n_tok; i++)
+        x[i] = qt_uniform();
+    float y1[19 * 6], y2[19 * 6];
+    size_t arow = strata_quant_act_size(STRATA_TYPE_Q8_K, ne0), stride = arow + 40;
+    char *act = malloc(stride * (size_t)n_tok);
+    for (int64_t t = 0; t < n_tok; t++)
+        strata_quant_quantize_act(STRATA_TYPE_Q8_K, x + t * ne0, act + (size_t)t * stride, ne0);
+    int rc1 = strata_matmul(pool, &w, x, n_tok, y1, &err);
+    int rc2 = strata_matmul_q(pool, &w, act, stride, n_tok, y2, 0, ne1, -1, &err);
+    ok(rc1 == 0 && rc2 == 0 && memcmp(y1, y2, sizeof(y1)) == 0,
+       "matmul_q on caller-quantised activations (stride %zu) equals matmul", stride);
+    free(wd);
+    free(x);
+    free(act);
+}
+
 int main(void)
 {
     test_pool();
@@ -142,6 +170,7 @@ int main(void)
     strata_pool_create(&pools[1], 2, &err);
     strata_pool_create(&pools[2], 3, &err);
     int max_level = strata_quant_simd_detect();
+    test_prequantised(pools[1]);
     for (size_t i = 0; i < QT_N_TYPES; i++)
         test_type(qt_types[i], pools, 3, max_level);
     strata_pool_free(pools[1]);
