@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
@@ -1482,38 +1483,105 @@ int strata_pack_expert_tensor(const struct strata_pack *p, const char *tensor,
 
 /* ---- verify, commit ---------------------------------------------------- */
 
-struct vctx {
-    strata_pack_progress_fn fn;
-    void *ud;
+/* One file of a pack to re-hash. */
+struct vfile {
+    char *path;
+    uint64_t size;
+    const char *want;
+    char hex[STRATA_SHA256_HEX];
+    struct strata_err err;
+    int rc;
 };
 
-static int verify_file(const char *path, uint64_t size, const char *want, const char *pj,
-                       struct strata_err *err)
+struct vctx {
+    struct vfile *f;
+    uint32_t n, next;
+    int active;          /* workers still running */
+    int cancel;
+    uint64_t done;       /* bytes hashed, all files (atomic) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+/* SHA-256 of a whole file, adding each chunk's size to *done. */
+static int hash_counted(struct vctx *v, struct vfile *f)
 {
-    char hex[STRATA_SHA256_HEX];
-    uint64_t n = 0;
-    int rc = check_file_size(path, size, err);
-    if (rc)
-        return rc;
-    rc = strata_sha256_file(path, UINT64_MAX, hex, &n, err);
-    if (rc)
-        return rc;
-    if (strcasecmp(hex, want))
-        return strata_err_set(err, STRATA_E_CHECKSUM,
-                              "'%s': sha256 %s does not match %s recorded in '%s'", path, hex,
-                              want, pj);
-    return 0;
+    enum { CHUNK = 8 << 20 };
+    unsigned char *buf = malloc(CHUNK);
+    struct strata_sha256 *h = strata_sha256_new();
+    int fd = -1, rc = 0;
+    uint64_t off = 0;
+    if (!buf || !h) {
+        rc = strata_err_set(&f->err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        rc = strata_err_set(&f->err, STRATA_E_IO, "cannot open '%s': %s", f->path,
+                            strerror(errno));
+        goto out;
+    }
+    posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    for (;;) {
+        if (__atomic_load_n(&v->cancel, __ATOMIC_RELAXED)) {
+            rc = strata_err_set(&f->err, STRATA_E_CANCELLED, "cancelled");
+            goto out;
+        }
+        ssize_t r = pread(fd, buf, CHUNK, (off_t)off);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            rc = strata_err_set(&f->err, STRATA_E_IO, "cannot read '%s': %s", f->path,
+                                strerror(errno));
+            goto out;
+        }
+        if (r == 0)
+            break;
+        strata_sha256_update(h, buf, (size_t)r);
+        off += (uint64_t)r;
+        __atomic_add_fetch(&v->done, (uint64_t)r, __ATOMIC_RELAXED);
+    }
+    strata_sha256_final(h, f->hex);
+out:
+    if (fd >= 0)
+        close(fd);
+    free(buf);
+    strata_sha256_free(h);
+    return rc;
 }
+
+static void *vworker(void *arg)
+{
+    struct vctx *v = arg;
+    for (;;) {
+        pthread_mutex_lock(&v->mu);
+        uint32_t i = v->next++;
+        pthread_mutex_unlock(&v->mu);
+        if (i >= v->n)
+            break;
+        v->f[i].rc = hash_counted(v, &v->f[i]);
+    }
+    pthread_mutex_lock(&v->mu);
+    v->active--;
+    pthread_cond_broadcast(&v->cv);
+    pthread_mutex_unlock(&v->mu);
+    return NULL;
+}
+
+#define MAX_VERIFIERS 4
 
 int strata_pack_verify(const char *dir, strata_pack_progress_fn progress, void *ud,
                        struct strata_err *err)
 {
     int rc;
     struct strata_pack *p = NULL;
-    char *pj = NULL, *text = NULL, *full = NULL;
+    char *pj = NULL, *text = NULL;
     cJSON *root = NULL;
     const cJSON *s;
-    uint64_t total = 0, done = 0;
+    struct vctx v = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    pthread_t th[MAX_VERIFIERS];
+    int n_th = 0;
+    uint64_t total = 0;
     rc = strata_pack_open(&p, dir, err);
     if (rc)
         goto out;
@@ -1536,43 +1604,94 @@ int strata_pack_verify(const char *dir, strata_pack_progress_fn progress, void *
     }
     const cJSON *srcs = cJSON_GetObjectItemCaseSensitive(root, "sources");
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(root, "experts");
-    cJSON_ArrayForEach(s, srcs)
-        total += (uint64_t)jget_u(s, "size");
-    if (p->mode == STRATA_PACK_REPACKED)
-        total += p->experts_size;
+    v.f = calloc((size_t)cJSON_GetArraySize(srcs) + 1, sizeof(*v.f));
+    if (!v.f) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    /* sizes first (a missing or truncated file is named at once), then
+     * every file hashed, several side by side */
     cJSON_ArrayForEach(s, srcs) {
-        full = source_path(p->dir, jget_s(s, "path"));
-        if (!full) {
+        struct vfile *f = &v.f[v.n++];
+        f->path = source_path(p->dir, jget_s(s, "path"));
+        f->size = (uint64_t)jget_u(s, "size");
+        f->want = jget_s(s, "sha256");
+        if (!f->path) {
             rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
             goto out;
         }
-        rc = verify_file(full, (uint64_t)jget_u(s, "size"), jget_s(s, "sha256"), pj, err);
-        if (rc)
-            goto out;
-        done += (uint64_t)jget_u(s, "size");
-        if (progress && progress(base_name(full), done, total, ud)) {
-            rc = strata_err_set(err, STRATA_E_CANCELLED, "cancelled");
-            goto out;
-        }
-        free(full);
-        full = NULL;
     }
     if (p->mode == STRATA_PACK_REPACKED) {
-        const char *want = jget_s(x, "sha256");
-        full = path_join(p->dir, EXPERTS_BIN);
-        if (!full || !strata_sha256_is_hex(want)) {
-            rc = strata_err_set(err, full ? STRATA_E_FORMAT : STRATA_E_NOMEM,
+        struct vfile *f = &v.f[v.n++];
+        f->path = path_join(p->dir, EXPERTS_BIN);
+        f->size = p->experts_size;
+        f->want = jget_s(x, "sha256");
+        if (!f->path || !strata_sha256_is_hex(f->want)) {
+            rc = strata_err_set(err, f->path ? STRATA_E_FORMAT : STRATA_E_NOMEM,
                                 "'%s': experts.bin has no valid sha256", pj);
             goto out;
         }
-        rc = verify_file(full, p->experts_size, want, pj, err);
-        if (rc)
-            goto out;
-        if (progress)
-            progress(EXPERTS_BIN, total, total, ud);
     }
+    for (uint32_t i = 0; i < v.n; i++) {
+        if ((rc = check_file_size(v.f[i].path, v.f[i].size, err)))
+            goto out;
+        total += v.f[i].size;
+    }
+    v.active = 0;
+    while (n_th < MAX_VERIFIERS && (uint32_t)n_th < v.n) {
+        pthread_mutex_lock(&v.mu);
+        v.active++;
+        pthread_mutex_unlock(&v.mu);
+        if (pthread_create(&th[n_th], NULL, vworker, &v)) {
+            pthread_mutex_lock(&v.mu);
+            v.active--;
+            pthread_mutex_unlock(&v.mu);
+            break;
+        }
+        n_th++;
+    }
+    if (!n_th) {
+        v.active = 1;
+        vworker(&v);
+    }
+    pthread_mutex_lock(&v.mu);
+    while (v.active > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 500000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&v.cv, &v.mu, &ts);
+        uint64_t d = __atomic_load_n(&v.done, __ATOMIC_RELAXED);
+        if (progress && v.active > 0 && progress("verify", d, total, ud))
+            __atomic_store_n(&v.cancel, 1, __ATOMIC_RELAXED);
+    }
+    pthread_mutex_unlock(&v.mu);
+    for (int i = 0; i < n_th; i++)
+        pthread_join(th[i], NULL);
+    for (uint32_t i = 0; i < v.n; i++) {
+        const struct vfile *f = &v.f[i];
+        if (f->rc) {
+            rc = f->rc;
+            if (err)
+                *err = f->err;
+            goto out;
+        }
+        if (!f->want || strcasecmp(f->hex, f->want)) {
+            rc = strata_err_set(err, STRATA_E_CHECKSUM,
+                                "'%s': sha256 %s does not match %s recorded in '%s'", f->path,
+                                f->hex, f->want ? f->want : "(none)", pj);
+            goto out;
+        }
+    }
+    if (progress)
+        progress("verify", total, total, ud);
 out:
-    free(full);
+    for (uint32_t i = 0; v.f && i < v.n; i++)
+        free(v.f[i].path);
+    free(v.f);
     cJSON_Delete(root);
     free(text);
     free(pj);
