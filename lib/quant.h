@@ -130,9 +130,11 @@ int strata_quant_simd_level(void);
 const char *strata_quant_simd_name(int level);
 
 /* ---- decoders ------------------------------------------------------------ */
-/* 1 if the type has a reference decoder, activation quantiser and dot product
- * (every type listed in the header comment of ggml_types.h except Q8_1 and
- * the integer/F64 types); else 0. */
+/* 1 if the type has a reference decoder and a dot product: F32, F16, BF16,
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K, IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS,
+ * IQ2_S, IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS, MXFP4; else 0 (Q8_1 and Q8_K are
+ * activation formats, the integer and F64 types are not weights).
+ * Every function here is reentrant: no state but the cached SIMD level. */
 int strata_quant_supported(uint32_t type);
 
 /* Scalar reference decoder: n elements (n % blck_size == 0) of type from src
@@ -142,8 +144,9 @@ int strata_quant_supported(uint32_t type);
 int strata_quant_dequant_ref(uint32_t type, const void *src, float *dst, int64_t n,
                              struct strata_err *err);
 
-/* Fast decoder for a row (same values as the reference, bit for bit).  The
- * caller guarantees a supported type and n % blck_size == 0. */
+/* Decoder for a row without argument checks (same values as the reference,
+ * bit for bit; today it is the reference).  The caller guarantees a
+ * supported type and n % blck_size == 0. */
 void strata_quant_dequant_row(uint32_t type, const void *src, float *dst, int64_t n);
 
 /* ---- activations and dot products ---------------------------------------- */
