@@ -13,10 +13,13 @@ struct strata_spec {
     struct strata_spec_draft draft;
     int have_draft;
     int n_max;     /* T */
-    int n_cur;     /* drafted tokens the next window may hold (back-off) */
     int adaptive;
-    int cool;      /* plain decoding steps left before drafting again */
-    int cool_len;  /* the next cool-down's length */
+    /* back-off: a cost model of the windows seen so far */
+    double t_win[STRATA_SPEC_MAX + 1]; /* mean ms (draft + verify) of windows of k drafts */
+    int n_win[STRATA_SPEC_MAX + 1];    /* how many were measured (capped) */
+    double acc, rej;  /* decayed counts: drafts accepted, windows with a rejection */
+    int plain_run;    /* windows chosen without drafts in a row */
+    double win_ms;    /* the current window's time */
     int32_t n_vocab;
     float *rows;   /* [(n_max + 1) * n_vocab] logits of the current window */
     int32_t *hist; /* [n_ctx + 1] scratch: history + the accepted token */
@@ -84,9 +87,7 @@ int strata_spec_create(struct strata_spec **out, struct strata_engine *target,
         return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
     s->e = target;
     s->n_max = o->n_max;
-    s->n_cur = o->n_max;
     s->adaptive = o->adaptive;
-    s->cool_len = 8;
     s->n_vocab = strata_engine_n_vocab(target);
     s->rows = malloc((size_t)(o->n_max + 1) * (size_t)s->n_vocab * sizeof *s->rows);
     s->hist = malloc(((size_t)strata_engine_n_ctx(target) + 1) * sizeof *s->hist);
@@ -147,29 +148,74 @@ int32_t strata_spec_n_past(const struct strata_spec *s)
     return s->active ? s->base + s->cur + 1 : strata_engine_n_past(s->e);
 }
 
-/* Back-off after a window of k drafts of which a were accepted. */
+/* Back-off: learn from a window of k drafts of which a were accepted. */
 static void adapt(struct strata_spec *s, int k, int a)
 {
-    if (!s->adaptive || k == 0)
-        return;
-    if (a == k) {
-        if (s->n_cur < s->n_max)
-            s->n_cur++;
-        s->cool_len = 8;
-    } else if (a > 0) {
-        int n = (s->n_cur + a + 1) / 2;
-        s->n_cur = n < 1 ? 1 : n;
-        s->cool_len = 8;
-    } else {
-        s->n_cur /= 2;
-        if (s->n_cur == 0) {
-            /* decode plainly for a while, then probe with one draft */
-            s->cool = s->cool_len;
-            if (s->cool_len < 64)
-                s->cool_len *= 2;
-            s->n_cur = 1;
+    /* running means of the window time per size (the last ~8 windows weigh most) */
+    int n = s->n_win[k] < 8 ? ++s->n_win[k] : 8;
+    s->t_win[k] += (s->win_ms - s->t_win[k]) / n;
+    if (k > 0) {
+        /* acceptance per drafted token under a geometric model: a accepted,
+         * then one rejection unless all were accepted; decayed so the estimate
+         * follows the text */
+        s->acc = 0.9 * s->acc + a;
+        s->rej = 0.9 * s->rej + (a < k);
+    }
+}
+
+/* Estimated time of a window of k drafts: measured, else interpolated
+ * linearly from the plain step and the nearest measured larger window
+ * (optimistic, 0 slope, while nothing larger was measured). */
+static double est_ms(const struct strata_spec *s, int k)
+{
+    if (s->n_win[k])
+        return s->t_win[k];
+    double t0 = s->t_win[0];
+    for (int j = k + 1; j <= s->n_max; j++)
+        if (s->n_win[j])
+            return t0 + (s->t_win[j] - t0) * k / j;
+    for (int j = k - 1; j > 0; j--)
+        if (s->n_win[j])
+            return t0 + (s->t_win[j] - t0) * k / j;
+    return t0;
+}
+
+/* The number of drafts for the next window: the one with the most expected
+ * tokens per millisecond, where a window of k drafts yields
+ * (1 - alpha^(k+1)) / (1 - alpha) tokens at acceptance alpha.  A plain step
+ * is measured first; below an acceptance of 1/4 drafting is off whatever the
+ * timings say (a window always costs more than a step); after 32 plain steps
+ * in a row one window probes with the best k > 0 so the estimates can follow
+ * the text. */
+static int choose(struct strata_spec *s)
+{
+    if (!s->adaptive)
+        return s->n_max;
+    if (!s->n_win[0])
+        return 0;
+    double alpha = (s->acc + 1) / (s->acc + s->rej + 2); /* prior: 1/2 */
+    int best = 0, best_pos = 1;
+    double best_rate = 1 / est_ms(s, 0), best_pos_rate = 0, e = 1, pw = 1;
+    for (int k = 1; k <= s->n_max; k++) {
+        pw *= alpha;
+        e += pw; /* 1 + alpha + ... + alpha^k */
+        double rate = e / est_ms(s, k);
+        if (rate > best_rate) {
+            best_rate = rate;
+            best = k;
+        }
+        if (rate > best_pos_rate) {
+            best_pos_rate = rate;
+            best_pos = k;
         }
     }
+    if (alpha < 0.25)
+        best = 0;
+    if (best == 0 && ++s->plain_run >= 32)
+        best = best_pos;
+    if (best > 0)
+        s->plain_run = 0;
+    return best;
 }
 
 /* Close the current window: learn from it, drop its rejected positions. */
@@ -201,21 +247,21 @@ int strata_spec_next(struct strata_spec *s, int32_t id, const float **logits,
 
     const int32_t n_past = strata_engine_n_past(s->e);
     int32_t room = strata_engine_n_ctx(s->e) - n_past - 1;
-    int32_t k_max = s->n_cur < room ? s->n_cur : room;
+    int32_t k_max = s->have_draft ? choose(s) : 0;
+    if (k_max > room)
+        k_max = room;
     if (k_max > strata_engine_n_prefill(s->e) - 1)
         k_max = strata_engine_n_prefill(s->e) - 1;
-    if (s->cool > 0) {
-        s->cool--;
-        k_max = 0;
-    }
     int32_t k = 0;
+    double t_draft = 0;
     s->win[0] = id;
     if (s->have_draft && k_max > 0) {
         double t0 = now_ms();
         memcpy(s->hist, strata_engine_history(s->e), (size_t)n_past * sizeof *s->hist);
         s->hist[n_past] = id;
         rc = s->draft.propose(s->draft.state, s->hist, n_past + 1, k_max, s->win + 1, &k, err);
-        s->st.t_draft_ms += now_ms() - t0;
+        t_draft = now_ms() - t0;
+        s->st.t_draft_ms += t_draft;
         if (rc)
             return rc;
         if (k < 0 || k > k_max)
@@ -224,9 +270,11 @@ int strata_spec_next(struct strata_spec *s, int32_t id, const float **logits,
     double t0 = now_ms();
     rc = strata_engine_eval(s->e, s->win, k + 1, k ? STRATA_LOGITS_ALL : STRATA_LOGITS_LAST,
                             s->rows, err);
-    s->st.t_verify_ms += now_ms() - t0;
+    double t_verify = now_ms() - t0;
+    s->st.t_verify_ms += t_verify;
     if (rc)
         return rc;
+    s->win_ms = t_draft + t_verify;
     s->base = n_past;
     s->cur = 0;
     s->win_n = k + 1;

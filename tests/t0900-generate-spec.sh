@@ -38,7 +38,7 @@ same_for() { # name model prompt n Ts [args...]
     shift 5
     gen "$m" "$p" "$n" "$T/ref" --spec 0
     for t in $ts; do
-        gen "$m" "$p" "$n" "$T/out" --spec "$t" "$@" || bad="$bad $t(exit)"
+        gen "$m" "$p" "$n" "$T/out" --spec "$t" --spec-fixed "$@" || bad="$bad $t(exit)"
         cmp -s "$T/ref" "$T/out" || bad="$bad $t"
     done
     [ -n "$bad" ] && echo "# $name: differs at T$bad"
@@ -63,11 +63,14 @@ same_for "stories260K p1 ngram" stories260K.gguf "$P1" 48 "2 8"
 
 # sampling with a seed: the same text (deterministic drafts keep the draw)
 gen tinycoder-moe-Q4_K_M.gguf "$P1" 40 "$T/s0" --temp 1 --seed 7 --spec 0
-gen tinycoder-moe-Q4_K_M.gguf "$P1" 40 "$T/s4" --temp 1 --seed 7 --spec 4
+gen tinycoder-moe-Q4_K_M.gguf "$P1" 40 "$T/s4" --temp 1 --seed 7 --spec 4 --spec-fixed
 check "temperature 1, seed 7: --spec 4 == --spec 0" cmp -s "$T/s0" "$T/s4"
+gen tinycoder-moe-Q4_K_M.gguf "$P2" 40 "$T/s5" --temp 0 --spec 0
+gen tinycoder-moe-Q4_K_M.gguf "$P2" 40 "$T/s6" --temp 0 --spec 8
+check "with the back-off (no --spec-fixed): --spec 8 == --spec 0" cmp -s "$T/s5" "$T/s6"
 
 # --json: the summary's statistics
-gen tinycoder-moe-Q4_K_M.gguf "$P1" 40 "$T/j" --spec 4 --json
+gen tinycoder-moe-Q4_K_M.gguf "$P1" 40 "$T/j" --spec 4 --spec-fixed --json
 check "--json summary has spec statistics" perl -MJSON::PP -e '
     my @l = <STDIN>; my $j = decode_json($l[-1]); my $s = $j->{spec} or exit 1;
     exit !($s->{n_max} == 4 && $s->{draft} eq "ngram" && $s->{steps} > 0 &&
