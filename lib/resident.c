@@ -22,6 +22,10 @@
 
 #include "sha256.h"
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels return EINVAL */
+#endif
+
 #define SHM_DIR "/dev/shm"
 #define META_MAGIC "STRATARI"
 #define META_VERSION 1
@@ -403,10 +407,21 @@ static void hasher_post(struct hasher *hs, uint64_t avail, int done)
     pthread_mutex_unlock(&hs->mu);
 }
 
+/* Files are loaded by up to MAX_STREAMS threads at once: SHA-256 is
+ * sequential within a file (one core's worth), so a split set or a repacked
+ * pack is hashed on several cores while the disk streams. */
+#define MAX_STREAMS 4
+
 struct load_ctx {
     const struct strata_resident_load_opts *o;
+    struct strata_resident_pack *p;
+    unsigned char *data;
+    pthread_mutex_t mu;       /* guards everything below and progress calls */
     uint64_t all_done, all_total;
     int n_direct;
+    uint32_t next;            /* the next file to take */
+    int rc;                   /* the first failure */
+    struct strata_err err;
 };
 
 /* Read file f into dst (room for f->size rounded up to DIO_ALIGN), hashing
@@ -484,16 +499,23 @@ static int load_file(struct load_ctx *c, struct strata_resident_file *f, unsigne
         if (!direct) /* the image is the copy that stays: don't keep a second one */
             posix_fadvise(fd, (off_t)done, r, POSIX_FADV_DONTNEED);
         done += (uint64_t)r;
-        c->all_done += (uint64_t)r;
         hasher_post(&hs, done, 0);
-        if (c->o->progress && c->o->progress(f->path, done, f->size, c->all_done,
-                                             c->all_total, c->o->progress_ud)) {
+        pthread_mutex_lock(&c->mu);
+        c->all_done += (uint64_t)r;
+        int stop = c->rc != 0 ||
+                   (c->o->progress && c->o->progress(f->path, done, f->size, c->all_done,
+                                                     c->all_total, c->o->progress_ud));
+        pthread_mutex_unlock(&c->mu);
+        if (stop) {
             rc = strata_err_set(err, STRATA_E_CANCELLED, "cancelled");
             break;
         }
     }
-    if (direct)
+    if (direct) {
+        pthread_mutex_lock(&c->mu);
         c->n_direct++;
+        pthread_mutex_unlock(&c->mu);
+    }
 out:
     if (started) {
         hasher_post(&hs, done, 1);
@@ -509,6 +531,34 @@ out:
     if (fd >= 0)
         close(fd);
     return rc;
+}
+
+static void *load_worker(void *arg)
+{
+    struct load_ctx *c = arg;
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        uint32_t i = c->next;
+        int stop = c->rc != 0 || i >= c->p->n_files;
+        if (!stop)
+            c->next++;
+        pthread_mutex_unlock(&c->mu);
+        if (stop)
+            break;
+        struct strata_err e = {0};
+        struct strata_resident_file *f = &c->p->files[i];
+        int rc = load_file(c, f, c->data + f->offset, &e);
+        pthread_mutex_lock(&c->mu);
+        /* the first real failure wins over the others' "cancelled" */
+        if (rc && (!c->rc || c->rc == STRATA_E_CANCELLED)) {
+            if (!c->rc || rc != STRATA_E_CANCELLED) {
+                c->rc = rc;
+                c->err = e;
+            }
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    return NULL;
 }
 
 static void describe_huge(char *dst, size_t cap, int want)
@@ -579,7 +629,7 @@ int strata_resident_load(const struct strata_resident_load_opts *o,
     unsigned char *data = MAP_FAILED;
     char obj[STRATA_RESIDENT_NAME_MAX + 8];
     struct timespec t0, t1;
-    struct load_ctx c = {.o = o};
+    struct load_ctx c = {.o = o, .mu = PTHREAD_MUTEX_INITIALIZER};
     *out = NULL;
     if (!(img = calloc(1, sizeof(*img))))
         return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
@@ -664,19 +714,33 @@ int strata_resident_load(const struct strata_resident_load_opts *o,
     }
     if (o->huge_pages)
         madvise(data, p->data_bytes, MADV_HUGEPAGE);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     int fr = posix_fallocate(dfd, 0, (off_t)p->data_bytes);
     if (fr && fr != EOPNOTSUPP && fr != EINVAL) {
         rc = strata_err_set(err, STRATA_E_NOMEM, "cannot reserve %.2f GiB in '%s%s': %s",
                             gib(p->data_bytes), SHM_DIR, obj, strerror(fr));
         goto out;
     }
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    /* page tables in one pass rather than a fault per page while reading */
+    madvise(data, p->data_bytes, MADV_POPULATE_WRITE);
     for (uint32_t i = 0; i < p->n_files; i++)
         c.all_total += p->files[i].size;
-    for (uint32_t i = 0; i < p->n_files && !rc; i++)
-        rc = load_file(&c, &p->files[i], data + p->files[i].offset, err);
-    if (rc)
+    c.p = p;
+    c.data = data;
+    pthread_t th[MAX_STREAMS];
+    int n_th = 0;
+    while (n_th + 1 < MAX_STREAMS && (uint32_t)n_th + 1 < p->n_files &&
+           pthread_create(&th[n_th], NULL, load_worker, &c) == 0)
+        n_th++;
+    load_worker(&c);
+    for (int i = 0; i < n_th; i++)
+        pthread_join(th[i], NULL);
+    if (c.rc) {
+        rc = c.rc;
+        if (err)
+            *err = c.err;
         goto out;
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     /* mtimes were taken while reading */
     memcpy(meta_files(m), p->files, p->n_files * sizeof(*p->files));
