@@ -22,7 +22,7 @@
 #define DEF_MAX_DEPTH 200
 #define DEF_MAX_OUTPUT (64u << 20)
 #define DEF_MAX_MEMORY (256u << 20)
-#define PARSE_MAX_DEPTH 200
+#define PARSE_MAX_DEPTH 2000 /* parser recursion: about 9 levels per parenthesis */
 #define ARENA_CHUNK (64u << 10)
 
 /* ---------------------------------------------------------------- arena */
@@ -1721,7 +1721,7 @@ struct ctx {
     struct strata_jinja_limits lim;
     time_t now;
     uint64_t steps, iters;
-    int depth, call_depth;
+    int depth, call_depth, edepth;
     struct buf *out;
     int brk; /* 1 break, 2 continue */
     struct val hole; /* the value a block-level filter applies to */
@@ -1925,8 +1925,21 @@ static int dict_set(struct ctx *c, const struct node *at, struct dict *d, struct
     return 0;
 }
 
+/* Values built by a template can nest arbitrarily deep ({% set ns.l = [ns.l] %} in a
+ * loop); comparisons stop descending here instead of exhausting the C stack. */
+#define CMP_MAX_DEPTH 256
+
+static int val_eq_d(const struct val *a, const struct val *b, int depth);
+
 static int val_eq(const struct val *a, const struct val *b)
 {
+    return val_eq_d(a, b, 0);
+}
+
+static int val_eq_d(const struct val *a, const struct val *b, int depth)
+{
+    if (depth > CMP_MAX_DEPTH)
+        return 0;
     if (is_num(a) && is_num(b)) {
         if (a->t != V_FLOAT && b->t != V_FLOAT)
             return a->u.i == b->u.i;
@@ -1944,7 +1957,7 @@ static int val_eq(const struct val *a, const struct val *b)
         if (a->u.l->n != b->u.l->n)
             return 0;
         for (size_t i = 0; i < a->u.l->n; i++)
-            if (!val_eq(&a->u.l->v[i], &b->u.l->v[i]))
+            if (!val_eq_d(&a->u.l->v[i], &b->u.l->v[i], depth + 1))
                 return 0;
         return 1;
     case V_DICT:
@@ -1952,7 +1965,7 @@ static int val_eq(const struct val *a, const struct val *b)
             return 0;
         for (size_t i = 0; i < a->u.d->n; i++) {
             int j = dict_find(b->u.d, &a->u.d->k[i]);
-            if (j < 0 || !val_eq(&a->u.d->v[i], &b->u.d->v[j]))
+            if (j < 0 || !val_eq_d(&a->u.d->v[i], &b->u.d->v[j], depth + 1))
                 return 0;
         }
         return 1;
@@ -2464,9 +2477,20 @@ static int json_write(struct ctx *c, const struct node *at, struct buf *b, const
 
 /* --- comparisons */
 
+static int val_cmp_d(struct ctx *c, const struct node *at, const struct val *a,
+                     const struct val *b, int *res, int depth);
+
 static int val_cmp(struct ctx *c, const struct node *at, const struct val *a, const struct val *b,
                    int *res)
 {
+    return val_cmp_d(c, at, a, b, res, 0);
+}
+
+static int val_cmp_d(struct ctx *c, const struct node *at, const struct val *a,
+                     const struct val *b, int *res, int depth)
+{
+    if (depth > CMP_MAX_DEPTH)
+        return rt_fail(c, at, STRATA_E_LIMIT, "values nested too deeply to compare");
     if (is_num(a) && is_num(b)) {
         if (a->t != V_FLOAT && b->t != V_FLOAT)
             *res = a->u.i < b->u.i ? -1 : a->u.i > b->u.i;
@@ -2485,7 +2509,7 @@ static int val_cmp(struct ctx *c, const struct node *at, const struct val *a, co
         for (size_t i = 0; i < m; i++) {
             if (val_eq(&a->u.l->v[i], &b->u.l->v[i]))
                 continue;
-            return val_cmp(c, at, &a->u.l->v[i], &b->u.l->v[i], res);
+            return val_cmp_d(c, at, &a->u.l->v[i], &b->u.l->v[i], res, depth + 1);
         }
         *res = a->u.l->n < b->u.l->n ? -1 : a->u.l->n > b->u.l->n;
         return 0;
@@ -2500,8 +2524,17 @@ static int val_cmp(struct ctx *c, const struct node *at, const struct val *a, co
 }
 
 /* plain comparison for sorting (no errors: incomparable types order by type) */
+static int sort_cmp_d(const struct val *a, const struct val *b, int ci, int depth);
+
 static int sort_cmp_plain(const struct val *a, const struct val *b, int ci)
 {
+    return sort_cmp_d(a, b, ci, 0);
+}
+
+static int sort_cmp_d(const struct val *a, const struct val *b, int ci, int depth)
+{
+    if (depth > CMP_MAX_DEPTH)
+        return 0;
     if (is_num(a) && is_num(b))
         return num_f(a) < num_f(b) ? -1 : num_f(a) > num_f(b);
     if (a->t == V_STR && b->t == V_STR) {
@@ -2518,7 +2551,7 @@ static int sort_cmp_plain(const struct val *a, const struct val *b, int ci)
     if (a->t == V_LIST && b->t == V_LIST) {
         size_t m = a->u.l->n < b->u.l->n ? a->u.l->n : b->u.l->n;
         for (size_t i = 0; i < m; i++) {
-            int r = sort_cmp_plain(&a->u.l->v[i], &b->u.l->v[i], ci);
+            int r = sort_cmp_d(&a->u.l->v[i], &b->u.l->v[i], ci, depth + 1);
             if (r)
                 return r;
         }
@@ -4466,7 +4499,24 @@ static int binop(struct ctx *c, const struct node *at, int op, const struct val 
 static const char *const builtin_names[] = { "range", "namespace", "dict", "raise_exception",
                                              "strftime_now", NULL };
 
+static int eval_node(struct ctx *c, struct scope *sc, const struct node *n, struct val *out);
+
+/* Expression trees are at most PARSE_MAX_HEIGHT deep, but macro calls stack them;
+ * this bound keeps the C stack in check whatever the template does. */
+#define EVAL_MAX_DEPTH 3000
+
 static int eval(struct ctx *c, struct scope *sc, const struct node *n, struct val *out)
+{
+    if (++c->edepth > EVAL_MAX_DEPTH) {
+        c->edepth--;
+        return rt_fail(c, n, STRATA_E_LIMIT, "expressions nested too deeply");
+    }
+    int rc = eval_node(c, sc, n, out);
+    c->edepth--;
+    return rc;
+}
+
+static int eval_node(struct ctx *c, struct scope *sc, const struct node *n, struct val *out)
 {
     int rc;
     if ((rc = step(c, n)))
@@ -4921,12 +4971,18 @@ static int exec_body(struct ctx *c, struct scope *sc, const struct node *body)
 /* jinja2 refuses, when compiling, a filter or test name it does not know, except
  * inside an if statement or an inline if (where the error waits for run time); a loop,
  * macro, call, filter, with or block-set body inside the if is strict again. */
+#define PARSE_MAX_HEIGHT 1000
+
 static int check_names(const struct strata_jinja *t, const struct node *n, int soft,
-                       struct strata_err *err)
+                       int height, struct strata_err *err)
 {
     int rc = 0;
     if (!n)
         return 0;
+    if (height > PARSE_MAX_HEIGHT)
+        return strata_err_set(err, STRATA_E_LIMIT,
+                              "template '%s' line %d column %d: expression nested too deeply "
+                              "(more than %d levels)", t->name, n->line, n->col, PARSE_MAX_HEIGHT);
     if ((n->kind == E_FILTER || n->kind == E_TEST) && n->unknown && !soft)
         return strata_err_set(err, STRATA_E_FORMAT, "template '%s' line %d column %d: no %s named '%s'",
                               t->name, n->line, n->col, n->kind == E_FILTER ? "filter" : "test",
@@ -4958,21 +5014,21 @@ static int check_names(const struct strata_jinja *t, const struct node *n, int s
         n_kw = n->n_args;
         break;
     case E_SLICE:
-        if (n->args && (rc = check_names(t, n->args[0], soft, err)))
+        if (n->args && (rc = check_names(t, n->args[0], soft, height + 1, err)))
             return rc;
         n_args = 0;
         break;
     default:
         break;
     }
-    if ((rc = check_names(t, n->a, sa, err)) || (rc = check_names(t, n->b, sb, err))
-        || (rc = check_names(t, n->c, sc, err)))
+    if ((rc = check_names(t, n->a, sa, height + 1, err)) || (rc = check_names(t, n->b, sb, height + 1, err))
+        || (rc = check_names(t, n->c, sc, height + 1, err)))
         return rc;
     for (int i = 0; i < n_args && n->args; i++)
-        if ((rc = check_names(t, n->args[i], sargs, err)))
+        if ((rc = check_names(t, n->args[i], sargs, height + 1, err)))
             return rc;
     for (int i = 0; i < n_kw && n->kw; i++)
-        if ((rc = check_names(t, n->kw[i], skw, err)))
+        if ((rc = check_names(t, n->kw[i], skw, height + 1, err)))
             return rc;
     return 0;
 }
@@ -5020,7 +5076,7 @@ int strata_jinja_parse(struct strata_jinja **out, const char *src, size_t len, c
     if ((rc = lex(&lx)))
         goto out;
     struct parser p = { &t->ar, lx.toks, 0, lx.n, t->name, 0, err };
-    if ((rc = parse_body(&p, &t->root, NULL, NULL)) || (rc = check_names(t, t->root, 0, err)))
+    if ((rc = parse_body(&p, &t->root, NULL, NULL)) || (rc = check_names(t, t->root, 0, 0, err)))
         goto out;
     *out = t;
     t = NULL;

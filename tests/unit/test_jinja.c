@@ -131,6 +131,12 @@ static void run_hostile(void)
           "{% set ns.l = ns.l + [i, i, i, i] %}{% endfor %}", STRATA_E_LIMIT, "memory" },
         { "self-containing namespace", "{% set ns = namespace(a=1) %}{% set ns.self = ns %}{{ ns }}",
           STRATA_E_LIMIT, "nested too deeply" },
+        { "comparing a value nested 100000 deep",
+          "{%- set ns = namespace(l=[]) -%}{%- for i in range(100000) -%}{%- set ns.l = [ns.l] -%}"
+          "{%- endfor -%}{{ [ns.l] < [ns.l] }}", STRATA_E_LIMIT, "nested too deeply" },
+        { "printing a value nested 100000 deep",
+          "{%- set ns = namespace(l=[]) -%}{%- for i in range(100000) -%}{%- set ns.l = [ns.l] -%}"
+          "{%- endfor -%}{{ ns.l }}", STRATA_E_LIMIT, "nested too deeply" },
         { "unterminated variable", "a\nb {{ x", STRATA_E_FORMAT, "line 2 column 3" },
         { "unterminated block", "{% if x", STRATA_E_FORMAT, "line 1 column 1" },
         { "unclosed if", "{% if x %}\nyes\n", STRATA_E_FORMAT, "expected 'endif'" },
@@ -172,6 +178,19 @@ static void run_hostile(void)
        err.msg);
     free(out);
     free(deep);
+    /* a flat chain of 5000 operators makes a tree 5000 deep: refused when parsed */
+    char *chain = malloc(5000 * 4 + 16);
+    p = chain;
+    p += sprintf(p, "{{ 1");
+    for (int i = 0; i < 5000; i++)
+        p += sprintf(p, " ~ 1");
+    strcpy(p, " }}");
+    memset(&err, 0, sizeof err);
+    rc = render(chain, NULL, NULL, &out, &err);
+    ok(rc == STRATA_E_LIMIT && strstr(err.msg, "nested too deeply"),
+       "hostile: a chain of 5000 '~' -> %s", err.msg);
+    free(out);
+    free(chain);
     size_t nb = 20000;
     char *blocks = malloc(nb * 24 + 16);
     p = blocks;
