@@ -1,8 +1,8 @@
 /* quant_avx512.c - AVX-512 (F/BW/VL/DQ/VNNI) dot kernels (compiled with those
  * flags, see mk/quant.mk; called only when CPUID reports them).  Most integer
- * kernels are the shared 256-bit ones with VNNI's fused multiply-adds; Q4_K
- * and IQ4_XS have 512-bit kernels here (measured faster; 512-bit Q8_0 and Q5_K
- * were not). */
+ * kernels are the shared 256-bit ones with VNNI's fused multiply-adds; Q4_K,
+ * IQ4_XS and IQ2_XS have 512-bit kernels here (measured faster; 512-bit Q8_0
+ * and Q5_K were not). */
 #define SIMD_VNNI 1
 #define NT_MAX 8 /* 32 vector registers: eight activation rows per pass */
 #define SIMD_PREFIX avx512_
@@ -160,6 +160,79 @@ BODY K(iq4_xs_512_body)(BARGS)
 }
 DEFINE_KERNEL(iq4_xs_512)
 
+/* vpermw indices: lanes 8j..8j+7 -> scale 4k+j (IQ2_XS: a scale per 16 weights) */
+static const uint16_t iq2_perm[4][32] = {
+    {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+     2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3},
+    {4, 4, 4, 4, 4, 4, 4, 4, 5, 5, 5, 5, 5, 5, 5, 5,
+     6, 6, 6, 6, 6, 6, 6, 6, 7, 7, 7, 7, 7, 7, 7, 7},
+    {8, 8, 8, 8, 8, 8, 8, 8, 9, 9, 9, 9, 9, 9, 9, 9,
+     10, 10, 10, 10, 10, 10, 10, 10, 11, 11, 11, 11, 11, 11, 11, 11},
+    {12, 12, 12, 12, 12, 12, 12, 12, 13, 13, 13, 13, 13, 13, 13, 13,
+     14, 14, 14, 14, 14, 14, 14, 14, 15, 15, 15, 15, 15, 15, 15, 15},
+};
+
+/* IQ2_XS with 512-bit registers: the sign bytes are computed (7 stored bits
+ * plus their parity, the rule of the ksigns table) for the whole block at
+ * once and applied as mask registers. */
+BODY K(iq2_xs_512_body)(BARGS)
+{
+    const struct strata_block_iq2_xs *w = vw;
+    int64_t nb = n / 256;
+    const __m256i m9 = _mm256_set1_epi16(511);
+    PASS_BEGIN(struct strata_block_q8_K)
+    __m512 acc[NT_MAX];
+    for (int t = 0; t < nt; t++)
+        acc[t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < nb; i++) {
+        const struct strata_block_iq2_xs *b = &w[i];
+        __m256i q0 = K(load)(b->qs), q1 = K(load)(b->qs + 16);
+        uint16_t gi[32];
+        _mm256_storeu_si256((__m256i *)gi, _mm256_and_si256(q0, m9));
+        _mm256_storeu_si256((__m256i *)(gi + 16), _mm256_and_si256(q1, m9));
+        /* 32 sign bytes: s7 | parity(s7) << 7 */
+        __m256i s7 = _mm256_permute4x64_epi64(
+            _mm256_packus_epi16(_mm256_srli_epi16(q0, 9), _mm256_srli_epi16(q1, 9)), 0xD8);
+        __m256i p = _mm256_xor_si256(s7, _mm256_srli_epi16(s7, 4));
+        p = _mm256_xor_si256(p, _mm256_srli_epi16(p, 2));
+        p = _mm256_xor_si256(p, _mm256_srli_epi16(p, 1));
+        p = _mm256_and_si256(p, _mm256_set1_epi8(1));
+        __m256i sb = _mm256_or_si256(s7, _mm256_slli_epi16(p, 7));
+        uint64_t sm[4];
+        _mm256_storeu_si256((__m256i *)sm, sb);
+        /* scales 2s+1 in element order, one per 16 weights */
+        __m128i sc = _mm_loadl_epi64((const __m128i *)b->scales);
+        __m128i lo = _mm_and_si128(sc, _mm_set1_epi8(0x0F));
+        __m128i hi = _mm_and_si128(_mm_srli_epi16(sc, 4), _mm_set1_epi8(0x0F));
+        __m128i s8 = _mm_unpacklo_epi8(lo, hi);
+        s8 = _mm_add_epi8(_mm_add_epi8(s8, s8), _mm_set1_epi8(1));
+        __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepu8_epi16(s8));
+        __m512i g[4], scv[4];
+        for (int k = 0; k < 4; k++) {
+            const uint16_t *x = gi + 8 * k;
+            __m256i a0 = K(gather4x64)(strata_iq2xs_grid, x[0], x[1], x[2], x[3]);
+            __m256i a1 = K(gather4x64)(strata_iq2xs_grid, x[4], x[5], x[6], x[7]);
+            g[k] = _mm512_inserti64x4(_mm512_castsi256_si512(a0), a1, 1);
+            scv[k] = _mm512_permutexvar_epi16(_mm512_loadu_si512(iq2_perm[k]), s16);
+        }
+        for (int t = 0; t < nt; t++) {
+            const struct strata_block_q8_K *y = &a[t][i];
+            __m512i s = _mm512_setzero_si512();
+            for (int k = 0; k < 4; k++) {
+                __m512i q = _mm512_loadu_si512(y->qs + 64 * k);
+                q = _mm512_mask_sub_epi8(q, (__mmask64)sm[k], _mm512_setzero_si512(), q);
+                s = _mm512_dpwssd_epi32(s, _mm512_maddubs_epi16(g[k], q), scv[k]);
+            }
+            acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(K(h2f)(b->d) * 0.125f * y->d),
+                                     _mm512_cvtepi32_ps(s), acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++)
+        out[t0 + t] = hsum512(acc[t]);
+    PASS_END
+}
+DEFINE_KERNEL(iq2_xs_512)
+
 const strata_vec_dot_fn strata_quant_dot_avx512[STRATA_TYPE_COUNT] = {
     [STRATA_TYPE_F32] = K(f32),
     [STRATA_TYPE_F16] = K(f16),
@@ -177,7 +250,7 @@ const strata_vec_dot_fn strata_quant_dot_avx512[STRATA_TYPE_COUNT] = {
     [STRATA_TYPE_Q5_K] = K(q5_K),
     [STRATA_TYPE_Q6_K] = K(q6_K),
     [STRATA_TYPE_IQ2_XXS] = K(iq2_xxs),
-    [STRATA_TYPE_IQ2_XS] = K(iq2_xs),
+    [STRATA_TYPE_IQ2_XS] = K(iq2_xs_512),
     [STRATA_TYPE_IQ2_S] = K(iq2_s),
     [STRATA_TYPE_IQ3_XXS] = K(iq3_xxs),
     [STRATA_TYPE_IQ3_S] = K(iq3_s),
