@@ -38,11 +38,14 @@
  *   mtp    the target's own multi-token-prediction (nextn) layers: reported
  *          as unavailable (STRATA_E_UNSUPPORTED, naming why).
  *
- * Back-off: the number of drafted tokens per window adapts (up to T): it
- * grows after windows that were fully accepted, shrinks to what was accepted
- * after a partial one and halves after a rejected one; at 0 the loop decodes
- * plainly for a while and then probes again.  A draft that finds nothing
- * (n-gram without a match) costs only its search.
+ * Back-off (adaptive, the default): each window drafts the k in 0..T that
+ * maximises the expected tokens per millisecond, from the measured time of
+ * recent windows per k and the acceptance rate so far (geometric model);
+ * below an acceptance of 1/4 it does not draft, and after 32 plain steps it
+ * probes once.  So speculation falls back to plain decoding where windows do
+ * not pay (docs/speculative.md).  A draft that finds nothing (n-gram without
+ * a match) costs only its search.  The choice depends on timings; the output
+ * never does.
  */
 #ifndef STRATA_SPEC_H
 #define STRATA_SPEC_H
@@ -76,7 +79,8 @@ struct strata_spec_opts {
     struct strata_engine *draft; /* the draft model's engine (mode DRAFT/AUTO); not
                                     owned, must outlive the spec object */
     int ngram_min, ngram_max;   /* suffix lengths tried, longest first (default 2, 5) */
-    int adaptive;               /* 1: back off when acceptance is low (default 1) */
+    int adaptive;               /* 1: back off when windows do not pay (default 1);
+                                   0: always draft as much as the draft offers, up to T */
     const struct strata_spec_draft *user; /* a caller's draft, used instead of the mode's
                                              (copied; strata_spec_free calls its free) */
 };

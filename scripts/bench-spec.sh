@@ -44,23 +44,28 @@ run() { # label prompt args...
     "$G" -m "$M" -p "$p" -t "$TH" --json $EXTRA "$@" 2>/dev/null | tail -1 |
         LABEL=$label perl -MJSON::PP -ne '
             my $j = decode_json($_); my $s = $j->{spec} || {};
-            printf "%-34s %4d tokens %8.1f tok/s  acceptance %5.1f%%  %5.2f tokens/step  %6.3f ms/step\n",
+            printf "%-24s %4d tokens %8.1f tok/s  acceptance %5.1f%%  %5.2f tokens/step  %6.3f ms/step\n",
                 $ENV{LABEL}, $j->{n_gen}, $j->{decode_tps}, 100 * ($s->{acceptance} || 0),
                 $s->{tokens_per_step} || 1, $s->{ms_per_step} || 0'
 }
 
 echo "model $(basename "$M"), $TH threads, code-editing prompt (greedy, 160 tokens)"
-for t in 0 2 4 8; do
-    run "ngram T $t" "$EDIT" -n 160 --temp 0 --ignore-eos --spec $t --spec-mode ngram
+run "T 0 (plain decoding)" "$EDIT" -n 160 --temp 0 --ignore-eos --spec 0
+for t in 2 4 8; do
+    run "ngram T $t fixed" "$EDIT" -n 160 --temp 0 --ignore-eos --spec $t --spec-mode ngram \
+        --spec-fixed
+    run "ngram T $t back-off" "$EDIT" -n 160 --temp 0 --ignore-eos --spec $t --spec-mode ngram
 done
 for t in 2 4 8; do
-    run "draft $(basename "$D" .gguf) T $t" "$EDIT" -n 160 --temp 0 --ignore-eos --spec $t \
-        --draft "$D"
+    run "draft T $t fixed" "$EDIT" -n 160 --temp 0 --ignore-eos --spec $t --draft "$D" \
+        --spec-fixed
+    run "draft T $t back-off" "$EDIT" -n 160 --temp 0 --ignore-eos --spec $t --draft "$D"
 done
 echo "little repetition (temperature 1, seed 1, 128 tokens)"
-for t in 0 4 8; do
-    run "ngram T $t" "import" -n 128 --temp 1 --seed 1 --ignore-eos --spec $t --spec-mode ngram
-done
-for t in 4; do
-    run "draft T $t" "import" -n 128 --temp 1 --seed 1 --ignore-eos --spec $t --draft "$D"
+run "T 0 (plain decoding)" "import" -n 128 --temp 1 --seed 1 --ignore-eos --spec 0
+for t in 4 8; do
+    run "ngram T $t fixed" "import" -n 128 --temp 1 --seed 1 --ignore-eos --spec $t --spec-fixed
+    run "ngram T $t back-off" "import" -n 128 --temp 1 --seed 1 --ignore-eos --spec $t
+    run "draft T $t back-off" "import" -n 128 --temp 1 --seed 1 --ignore-eos --spec $t \
+        --draft "$D"
 done
