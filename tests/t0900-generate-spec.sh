@@ -3,7 +3,8 @@
 # fixture model, several prompts, n-gram and draft-model drafts, T = 1..8;
 # the --json summary's statistics; option errors.  Runs the release build
 # ($STRATA_REL_BIN) to stay fast; the ASan build checks the same loop in
-# tests/unit/test_spec.c.
+# tests/unit/test_spec.c.  STRATA_SPEC_ARGS adds options to every run (e.g.
+# "--backend cuda" on a GPU machine, with STRATA_REL_BIN naming a GPU build).
 . "$(dirname "$0")/lib.sh"
 G="${STRATA_REL_BIN:-$STRATA_ROOT/bin}/strata-generate"
 M="$STRATA_FIXTURES/models"
@@ -30,7 +31,8 @@ P3='Once upon a time, there was a little girl named Lily. She'
 gen() {
     local m=$1 p=$2 n=$3 out=$4
     shift 4
-    "$G" -m "$M/$m" -p "$p" -n "$n" --temp 0 --ignore-eos -t 2 "$@" >"$out" 2>"$out.err"
+    "$G" -m "$M/$m" -p "$p" -n "$n" --temp 0 --ignore-eos -t 2 ${STRATA_SPEC_ARGS:-} "$@" \
+        >"$out" 2>"$out.err"
 }
 
 same_for() { # name model prompt n Ts [args...]
