@@ -4579,7 +4579,16 @@ static int eval_node(struct ctx *c, struct scope *sc, const struct node *n, stru
             struct val o;
             if ((rc = eval(c, sc, f->a, &o)))
                 return rc;
-            if (o.t == V_STR || o.t == V_LIST || (o.t == V_DICT && dict_find_cstr(o.u.d, f->name) < 0)
+            /* Python's getattr finds a dict's methods before its keys: schema.items()
+             * is the method even when the schema has an "items" key */
+            static const char *const dict_methods[] = { "items", "keys", "values", "get",
+                                                        "copy", "update", "pop", "setdefault",
+                                                        "clear", "popitem", NULL };
+            int is_dict_method = 0;
+            for (int i = 0; o.t == V_DICT && dict_methods[i]; i++)
+                is_dict_method |= !strcmp(f->name, dict_methods[i]);
+            if (o.t == V_STR || o.t == V_LIST
+                || (o.t == V_DICT && (is_dict_method || dict_find_cstr(o.u.d, f->name) < 0))
                 || o.t == V_LOOP) {
                 if ((rc = eval_args(c, sc, n, &a)))
                     return rc;

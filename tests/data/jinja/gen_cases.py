@@ -204,6 +204,7 @@ CASES = [
     "{% if true %}{{ n | nosuchfilter }}{% endif %}",
     "{{ 'upper' is filter }} {{ 'fromjson' is filter }} {{ 'defined' is test }} {{ n is test }}",
     "{{ msgs | selectattr('role', '==', 'user') | list | length }} {{ l | select('>', 1) | list }}",
+    "{% set schema = {'type': 'array', 'items': {'type': 'string'}, 'get': 1} %}{% for k, v in schema.items() %}{{ k }}={{ v }};{% endfor %} {{ schema.get('type') }} {{ schema['items'] }}",
     # errors
     "{{ raise_exception('custom failure: ' ~ n) }}",
     "{% if n > 5 %}{{ raise_exception('too big') }}{% endif %}",
