@@ -22,6 +22,9 @@
 #include "sampler.h"
 #include "serve_stdio.h"
 #include "spec.h"
+#include "splice.h"
+#include "vision.h"
+#include "quant.h"
 #include "vocab.h"
 
 static const char usage_text[] =
@@ -81,6 +84,14 @@ static const char usage_text[] =
     "                          --json also gives the tool-call format; strftime_now()\n"
     "                          uses $SOURCE_DATE_EPOCH when set\n"
     "      --chat-template FILE  Jinja chat template to use instead of the model's\n"
+    "      --image FILE        an image for the prompt (repeatable; needs --mmproj)\n"
+    "      --mmproj FILE       the vision projector GGUF (mmproj-*.gguf) for --image\n"
+    "      --image-max-pixels N  image token budget in pixels (default 1003520)\n"
+    "      --image-embd FILE   an embedding payload (strata-embed -o; '-': stdin) as the\n"
+    "                          first image\n"
+    "      --image-marker STR  where images go in the prompt (default <|image_pad|> when\n"
+    "                          the vocabulary has it; no marker: images come first)\n"
+    "      --token-embd IDS    write the embedding rows of token ids as a payload\n"
     "      --serve-stdio       speak the engine protocol on stdin/stdout (for strata-serve)\n"
     "  -v, --verbose           more diagnostics on stderr\n"
     "  -h, --help              show this help\n"
@@ -90,6 +101,15 @@ static const char usage_text[] =
 
 #define PROG "strata-generate"
 #define MAX_STOP 16
+#define MAX_IMAGES 16
+
+/* The images of a prompt: payloads in prompt order. */
+struct img_set {
+    int n;
+    struct strata_embd_header h[MAX_IMAGES + 1];
+    float *rows[MAX_IMAGES + 1];
+    const char *marker;
+};
 
 struct opts {
     const char *model, *prompt, *prompt_file, *prompt_ids;
@@ -105,6 +125,11 @@ struct opts {
     int spec_n, spec_mode, stats;  /* --spec T, --spec-mode, --stats */
     int spec_fixed;                /* --spec-fixed */
     const char *draft;             /* --draft MODEL */
+    const char *images[MAX_IMAGES]; /* --image FILE */
+    int n_images;
+    const char *mmproj, *image_embd, *image_marker, *token_embd;
+    int image_max_pixels;          /* --image-max-pixels */
+    struct img_set *imgs;          /* loaded images, NULL when none */
     const struct strata_gguf *gguf; /* the open model, for --chat */
     const char *stop[MAX_STOP];
     size_t n_stop;
@@ -227,6 +252,43 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n)
     return 0;
 }
 
+/* The user content of --chat with images: an image part per image, then
+ * the text (the OpenAI / transformers content-part form). */
+static cJSON *chat_image_parts(int n, const char *text)
+{
+    cJSON *a = cJSON_CreateArray(), *p;
+    for (int i = 0; a && i < n; i++) {
+        p = cJSON_CreateObject();
+        cJSON_AddStringToObject(p, "type", "image");
+        cJSON_AddItemToArray(a, p);
+    }
+    p = cJSON_CreateObject();
+    cJSON_AddStringToObject(p, "type", "text");
+    cJSON_AddStringToObject(p, "text", text);
+    cJSON_AddItemToArray(a, p);
+    return a;
+}
+
+/* A template that places no image marker for image parts: render again
+ * with the markers written in front of the user's text. */
+static int chat_images_inline(struct strata_chat *chat, cJSON *req, cJSON *user_msg,
+                              const struct img_set *s, const char *text, char **out,
+                              size_t *out_len, struct strata_err *err)
+{
+    size_t ml = strlen(s->marker), tl = strlen(text);
+    char *c = malloc(ml * (size_t)s->n + tl + 1);
+    if (!c)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    for (int i = 0; i < s->n; i++)
+        memcpy(c + ml * (size_t)i, s->marker, ml);
+    memcpy(c + ml * (size_t)s->n, text, tl + 1);
+    cJSON_ReplaceItemInObject(user_msg, "content", cJSON_CreateString(c));
+    free(c);
+    free(*out);
+    *out = NULL;
+    return strata_chat_render(chat, req, NULL, out, out_len, err);
+}
+
 /* --chat: render {system?, user: text} with the model's chat template (or
  * --chat-template FILE) and an open assistant turn; *out is malloc'ed. */
 static int chat_prompt(const struct opts *o, const char *text, size_t len, char **out,
@@ -258,10 +320,17 @@ static int chat_prompt(const struct opts *o, const char *text, size_t len, char 
     }
     m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "role", "user");
-    cJSON_AddStringToObject(m, "content", user);
+    if (o->imgs)
+        cJSON_AddItemToObject(m, "content", chat_image_parts(o->imgs->n, user));
+    else
+        cJSON_AddStringToObject(m, "content", user);
     cJSON_AddItemToArray(msgs, m);
     cJSON_AddBoolToObject(req, "add_generation_prompt", 1);
-    if ((rc = strata_chat_render(chat, req, NULL, out, out_len, err)))
+    rc = strata_chat_render(chat, req, NULL, out, out_len, err);
+    /* a template that fails on content parts or places no marker for them */
+    if (o->imgs && (rc || strata_splice_count(*out, *out_len, o->imgs->marker) != o->imgs->n))
+        rc = chat_images_inline(chat, req, m, o->imgs, user, out, out_len, err);
+    if (rc)
         strata_err_wrap(err, "chat template error");
 out:
     cJSON_Delete(req);
@@ -322,9 +391,174 @@ static int get_prompt(const struct opts *o, const struct strata_vocab *v, int32_
         if (bt && *bt && strncmp(text, bt, strlen(bt)) == 0)
             add_bos = 0;
     }
-    rc = strata_vocab_tokenize(v, text, len, add_bos, 1, ids, n_ids, err);
+    if (o->imgs) {
+        uint32_t nt[MAX_IMAGES + 1];
+        for (int i = 0; i < o->imgs->n; i++)
+            nt[i] = o->imgs->h[i].n_tokens;
+        rc = strata_splice_tokenize(v, text, len, add_bos, o->imgs->marker, o->imgs->n, nt,
+                                    ids, n_ids, err);
+    } else {
+        rc = strata_vocab_tokenize(v, text, len, add_bos, 1, ids, n_ids, err);
+    }
     free(text);
     return rc;
+}
+
+/* ---- images: --image, --image-embd ---- */
+
+static void images_free(struct img_set *s)
+{
+    for (int i = 0; s && i < s->n; i++)
+        free(s->rows[i]);
+    free(s);
+}
+
+/* Encode each --image with the --mmproj encoder (on the engine's pool). */
+static int images_encode(const struct opts *o, struct strata_engine *e, struct img_set *s,
+                         struct strata_err *err)
+{
+    struct strata_gguf *g = NULL;
+    struct strata_vision *vis = NULL;
+    int rc = strata_gguf_open(&g, o->mmproj, err);
+    if (rc == 0)
+        rc = strata_vision_load(&vis, g, err);
+    if (rc)
+        strata_err_wrap(err, "--mmproj '%s'", o->mmproj);
+    for (int i = 0; rc == 0 && i < o->n_images; i++) {
+        struct strata_image img = { 0 };
+        int n_tok = 0, gh = 0, gw = 0;
+        float *rows = NULL;
+        rc = strata_image_load(&img, o->images[i], err);
+        if (rc == 0)
+            rc = strata_vision_encode_image(vis, strata_engine_pool(e), &img, 3136,
+                                            o->image_max_pixels ? o->image_max_pixels : 1003520,
+                                            &rows, &n_tok, &gh, &gw, err);
+        strata_image_free(&img);
+        if (rc) {
+            strata_err_wrap(err, "--image '%s'", o->images[i]);
+            break;
+        }
+        struct strata_embd_header *h = &s->h[s->n];
+        h->version = 1;
+        h->n_tokens = (uint32_t)n_tok;
+        h->n_embd = (uint32_t)strata_vision_hparams(vis)->n_out;
+        h->grid_t = 1;
+        h->grid_h = (uint32_t)gh;
+        h->grid_w = (uint32_t)gw;
+        s->rows[s->n++] = rows;
+    }
+    strata_vision_free(vis);
+    strata_gguf_close(g);
+    return rc;
+}
+
+/* Load the images of the prompt (--image-embd first, then each --image),
+ * check them against the model and choose the marker.  *out NULL when no
+ * image was given. */
+static int images_load(const struct opts *o, struct strata_engine *e,
+                       const struct strata_vocab *v, struct img_set **out,
+                       struct strata_err *err)
+{
+    int rc = 0;
+    *out = NULL;
+    if (!o->image_embd && !o->n_images)
+        return 0;
+    struct img_set *s = calloc(1, sizeof *s);
+    if (!s)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    s->marker = o->image_marker ? o->image_marker : strata_splice_default_marker(v);
+    if (!s->marker) {
+        rc = strata_err_set(err, STRATA_E_UNSUPPORTED, "the model has no image placeholder "
+                            "token (%s is not in its vocabulary); give --image-marker STR "
+                            "to mark where the images go", STRATA_SPLICE_PAD);
+        goto out;
+    }
+    if (o->image_embd) {
+        int is_stdin = strcmp(o->image_embd, "-") == 0;
+        const char *name = is_stdin ? "<stdin>" : o->image_embd;
+        FILE *f = is_stdin ? stdin : fopen(o->image_embd, "rb");
+        if (!f) {
+            rc = strata_err_set(err, STRATA_E_IO, "cannot open --image-embd '%s': %s",
+                                o->image_embd, strerror(errno));
+            goto out;
+        }
+        rc = strata_embd_read(f, name, &s->h[0], &s->rows[0], err);
+        if (!is_stdin)
+            fclose(f);
+        if (rc)
+            goto out;
+        s->n = 1;
+    }
+    if (o->n_images && (rc = images_encode(o, e, s, err)))
+        goto out;
+    const uint32_t n_embd = strata_engine_model(e)->hp.n_embd;
+    for (int i = 0; i < s->n; i++) {
+        const char *name = i == 0 && o->image_embd ? o->image_embd
+                                                   : o->images[i - (o->image_embd != NULL)];
+        if ((rc = strata_splice_check(o->gguf, n_embd, s->h[i].n_embd, name, err)))
+            goto out;
+    }
+out:
+    if (rc)
+        images_free(s);
+    else
+        *out = s;
+    return rc;
+}
+
+/* The rows of all images of s, concatenated in prompt order. */
+static float *images_rows(const struct img_set *s)
+{
+    size_t n = 0, k = 0;
+    for (int i = 0; i < s->n; i++)
+        n += (size_t)s->h[i].n_tokens * s->h[i].n_embd;
+    float *r = malloc((n ? n : 1) * sizeof *r);
+    for (int i = 0; r && i < s->n; i++) {
+        size_t m = (size_t)s->h[i].n_tokens * s->h[i].n_embd;
+        memcpy(r + k, s->rows[i], m * sizeof *r);
+        k += m;
+    }
+    return r;
+}
+
+/* --token-embd IDS: the embedding rows of tokens as a payload on stdout. */
+static int run_token_embd(const struct opts *o, struct strata_engine *e)
+{
+    struct strata_err err = { 0 };
+    int32_t *ids = NULL;
+    size_t n = 0;
+    float *rows = NULL;
+    int rc = 0;
+    const struct strata_model *m = strata_engine_model(e);
+    const uint32_t n_embd = m->hp.n_embd;
+    if (parse_ids(o->token_embd, &ids, &n) || n == 0) {
+        fprintf(stderr, PROG ": invalid --token-embd '%s'\n", o->token_embd);
+        free(ids);
+        return STRATA_EXIT_USAGE;
+    }
+    rows = malloc(n * n_embd * sizeof *rows);
+    if (!rows) {
+        rc = strata_err_set(&err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (ids[i] >= strata_engine_n_vocab(e)) {
+            rc = strata_err_set(&err, STRATA_E_INVALID, "--token-embd: token id %d outside "
+                                "0..%d", ids[i], strata_engine_n_vocab(e) - 1);
+            goto out;
+        }
+        strata_quant_dequant_row(m->tok_embd.type,
+                                 (const char *)m->tok_embd.data + (size_t)ids[i] * m->tok_embd.nb1,
+                                 rows + i * n_embd, n_embd);
+    }
+    struct strata_embd_header h = { 1, (uint32_t)n, n_embd, 1, 1, (uint32_t)n, 0 };
+    rc = strata_embd_write(stdout, &h, rows, &err);
+    if (rc == 0 && fflush(stdout) != 0)
+        rc = strata_err_set(&err, STRATA_E_IO, "cannot write the payload to stdout");
+out:
+    free(ids);
+    free(rows);
+    return rc ? fail(&err) : 0;
 }
 
 /* ---- mode: generate ---- */
@@ -490,9 +724,19 @@ static int run_generate(struct opts *o, struct strata_engine *e, const struct st
     int32_t *ids = NULL;
     size_t n_ids = 0;
     struct strata_gen_result res = { 0 };
+    float *img_rows = NULL;
     int rc;
+    if ((rc = images_load(o, e, v, &o->imgs, &err)))
+        goto out;
     if ((rc = get_prompt(o, v, &ids, &n_ids, &err)))
         goto out;
+    if (o->imgs) {
+        if (!(img_rows = images_rows(o->imgs))) {
+            rc = strata_err_set(&err, STRATA_E_NOMEM, "out of memory");
+            goto out;
+        }
+        o->gp.embd = img_rows;
+    }
     if (n_ids == 0) {
         rc = strata_err_set(&err, STRATA_E_FORMAT, "empty prompt");
         goto out;
@@ -554,6 +798,10 @@ static int run_generate(struct opts *o, struct strata_engine *e, const struct st
 out:
     strata_gen_result_free(&res);
     free(ids);
+    free(img_rows);
+    images_free(o->imgs);
+    o->imgs = NULL;
+    o->gp.embd = NULL;
     o->gp.spec = NULL;
     strata_spec_free(sp);
     strata_engine_close(draft);
@@ -811,6 +1059,7 @@ enum {
     OPT_SERVE_STDIO,
     OPT_RENDER_CHAT, OPT_CHAT_TEMPLATE, OPT_CHAT, OPT_SYSTEM,
     OPT_SPEC, OPT_SPEC_MODE, OPT_DRAFT, OPT_STATS, OPT_SPEC_FIXED,
+    OPT_IMAGE, OPT_IMAGE_MAXP, OPT_MMPROJ, OPT_IMAGE_EMBD, OPT_IMAGE_MARKER, OPT_TOKEN_EMBD,
 };
 
 /* ---- mode: tokenize / detokenize (needs only the vocabulary) ---- */
@@ -958,6 +1207,29 @@ static void say_resident(const struct strata_pack *pk)
         fprintf(stderr, PROG ": %s\n", strata_pack_resident_note(pk));
 }
 
+/* Option combinations the image options do not support. */
+static int image_usage(const struct opts *o)
+{
+    const char *why = NULL;
+    int img = o->n_images || o->image_embd;
+    if (o->n_images && !o->mmproj)
+        why = "--image needs --mmproj MMPROJ (the model's vision projector)";
+    else if (o->image_marker && !*o->image_marker)
+        why = "--image-marker must not be empty";
+    else if (img && (o->prompt_ids || o->dump_logits || o->perplexity || o->bench ||
+                     o->serve_stdio))
+        why = "images go with -p, -f or stdin text (not --prompt-ids, --dump-logits, "
+              "--perplexity, --bench or --serve-stdio)";
+    else if (img && o->image_embd && strcmp(o->image_embd, "-") == 0 && !o->prompt &&
+             !o->prompt_file)
+        why = "--image-embd - reads stdin: give the prompt with -p or -f";
+    else if (img && o->draft && o->spec_n > 0)
+        why = "images cannot be used with --draft (the draft model has no image input)";
+    if (why)
+        fprintf(stderr, PROG ": %s\n", why);
+    return why != NULL;
+}
+
 int main(int argc, char **argv)
 {
     strata_log_set_prog(PROG);
@@ -1004,6 +1276,12 @@ int main(int argc, char **argv)
         {"draft", required_argument, NULL, OPT_DRAFT},
         {"stats", no_argument, NULL, OPT_STATS},
         {"spec-fixed", no_argument, NULL, OPT_SPEC_FIXED},
+        {"image", required_argument, NULL, OPT_IMAGE},
+        {"mmproj", required_argument, NULL, OPT_MMPROJ},
+        {"image-max-pixels", required_argument, NULL, OPT_IMAGE_MAXP},
+        {"image-embd", required_argument, NULL, OPT_IMAGE_EMBD},
+        {"image-marker", required_argument, NULL, OPT_IMAGE_MARKER},
+        {"token-embd", required_argument, NULL, OPT_TOKEN_EMBD},
         {"verbose", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -1103,6 +1381,20 @@ int main(int argc, char **argv)
         case OPT_DRAFT: o.draft = optarg; break;
         case OPT_STATS: o.stats = 1; break;
         case OPT_SPEC_FIXED: o.spec_fixed = 1; break;
+        case OPT_IMAGE:
+            if (o.n_images == MAX_IMAGES) {
+                fprintf(stderr, PROG ": --image: at most %d images\n", MAX_IMAGES);
+                bad = 1;
+            } else {
+                o.images[o.n_images++] = optarg;
+            }
+            break;
+        case OPT_MMPROJ: o.mmproj = optarg; break;
+        case OPT_IMAGE_MAXP: bad = parse_int("--image-max-pixels", optarg, 3136, 1 << 30,
+                                             &o.image_max_pixels); break;
+        case OPT_IMAGE_EMBD: o.image_embd = optarg; break;
+        case OPT_IMAGE_MARKER: o.image_marker = optarg; break;
+        case OPT_TOKEN_EMBD: o.token_embd = optarg; break;
         case 'v': o.verbose = 1; break;
         case 'h': fputs(usage_text, stdout); return STRATA_EXIT_OK;
         default: bad = 1; break;
@@ -1117,6 +1409,8 @@ int main(int argc, char **argv)
         fputs(usage_text, stderr);
         return STRATA_EXIT_USAGE;
     }
+    if (image_usage(&o))
+        return STRATA_EXIT_USAGE;
     if (o.render_chat)
         return run_render_chat(&o);
     if (!o.model) {
@@ -1154,7 +1448,9 @@ int main(int argc, char **argv)
         ret = fail(&err);
         goto out;
     }
-    if (o.serve_stdio)
+    if (o.token_embd)
+        ret = run_token_embd(&o, e);
+    else if (o.serve_stdio)
         ret = run_serve_stdio(e, v);
     else if (o.bench)
         ret = run_bench(&o, e);

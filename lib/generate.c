@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "model.h"
 #include "spec.h"
 #include "vocab.h"
 
@@ -112,6 +113,36 @@ static size_t stop_hold(const char *text, size_t n, const struct strata_gen_para
     return hold;
 }
 
+/* Prefill prompt[from..n) where ids of -1 take the next rows of embd (the
+ * rows of the -1 ids before from are skipped): runs of text ids through
+ * strata_engine_eval, runs of image positions through
+ * strata_engine_eval_embd; the last run writes the last position's logits. */
+static int prefill_spliced(struct strata_engine *e, const int32_t *prompt, int32_t n,
+                           int32_t from, const float *embd, float *logits,
+                           struct strata_err *err)
+{
+    const size_t n_embd = (size_t)strata_engine_model(e)->hp.n_embd;
+    size_t row = 0;
+    for (int32_t i = 0; i < from; i++)
+        row += prompt[i] < 0;
+    for (int32_t i = from; i < n;) {
+        int32_t j = i;
+        int img = prompt[i] < 0;
+        while (j < n && (prompt[j] < 0) == img)
+            j++;
+        int mode = j == n ? STRATA_LOGITS_LAST : STRATA_LOGITS_NONE;
+        float *lg = j == n ? logits : NULL;
+        int rc = img ? strata_engine_eval_embd(e, embd + row * n_embd, j - i, mode, lg, err)
+                     : strata_engine_eval(e, prompt + i, j - i, mode, lg, err);
+        if (rc)
+            return rc;
+        if (img)
+            row += (size_t)(j - i);
+        i = j;
+    }
+    return 0;
+}
+
 int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
                     const int32_t *prompt, size_t n_prompt,
                     const struct strata_gen_params *p, strata_gen_token_fn cb, void *ud,
@@ -163,8 +194,10 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
     if ((rc = strata_engine_rollback(e, n_common, err)))
         goto out;
     res->n_cached = n_common;
-    if ((rc = strata_engine_eval(e, prompt + n_common, (int32_t)n_prompt - n_common,
-                                 STRATA_LOGITS_LAST, logits, err)))
+    if ((rc = p->embd ? prefill_spliced(e, prompt, (int32_t)n_prompt, n_common, p->embd,
+                                        logits, err)
+                      : strata_engine_eval(e, prompt + n_common, (int32_t)n_prompt - n_common,
+                                           STRATA_LOGITS_LAST, logits, err)))
         goto out;
     double t1 = now_ms();
     res->t_prefill_ms = t1 - t0;

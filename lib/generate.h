@@ -52,6 +52,11 @@ struct strata_gen_params {
     int special;              /* render control tokens as text in the output */
     struct strata_spec *spec; /* speculative decoding (spec.h; not owned), or NULL:
                                  one token per forward call */
+    const float *embd;        /* image embeddings spliced into the prompt: the prompt
+                                 positions whose id is -1 take these rows in order,
+                                 [number of -1 ids, n_embd] float32 (not copied); NULL
+                                 when the prompt has no -1 ids.  A prompt position after
+                                 an image is never reused from the kv cache. */
 };
 
 /* strata_sampler_params_init defaults, n_predict -1, no stop strings. */

@@ -12,7 +12,10 @@
 #include "engine.h"
 #include "generate.h"
 #include "gguf.h"
+#include "model.h"
 #include "proto.h"
+#include "splice.h"
+#include "vision.h"
 #include "vocab.h"
 
 void strata_serve_stdio_opts_init(struct strata_serve_stdio_opts *o)
@@ -256,6 +259,104 @@ static int prompt_ids(struct loop *L, const cJSON *q, int32_t **ids, size_t *n,
                                  flag(q, "parse_special", 1), ids, n, err);
 }
 
+/* Decode standard base64 (RFC 4648, padding optional, no line breaks).
+ * malloc'ed; NULL on a bad character or out of memory. */
+static unsigned char *b64_decode(const char *s, size_t *out_len)
+{
+    size_t n = strlen(s), k = 0;
+    unsigned char *o = malloc(n / 4 * 3 + 3);
+    uint32_t acc = 0;
+    int bits = 0;
+    if (!o)
+        return NULL;
+    for (size_t i = 0; i < n && s[i] != '='; i++) {
+        int c = s[i], v = c >= 'A' && c <= 'Z' ? c - 'A' : c >= 'a' && c <= 'z' ? c - 'a' + 26
+                        : c >= '0' && c <= '9' ? c - '0' + 52 : c == '+' ? 62 : c == '/' ? 63 : -1;
+        if (v < 0) {
+            free(o);
+            return NULL;
+        }
+        acc = acc << 6 | (uint32_t)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            o[k++] = (unsigned char)(acc >> bits);
+        }
+    }
+    *out_len = k;
+    return o;
+}
+
+/* The request's "images" (base64 payloads, strata-embed(1)) tokenized
+ * into the prompt at "image_marker" (default: the model's placeholder);
+ * *rows gets their rows concatenated (for strata_gen_params.embd). */
+static int prompt_images(struct loop *L, const cJSON *q, const cJSON *imgs, int32_t **ids,
+                         size_t *n, float **rows, struct strata_err *err)
+{
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(q, "prompt");
+    const cJSON *mk = cJSON_GetObjectItemCaseSensitive(q, "image_marker");
+    const struct strata_model *m = strata_engine_model(L->e);
+    int n_img = cJSON_GetArraySize(imgs), rc = 0, i = 0;
+    uint32_t *nt = calloc((size_t)n_img + 1, sizeof *nt);
+    size_t total = 0;
+    const cJSON *it;
+    if (!nt)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    if (!cJSON_IsString(p)) {
+        rc = strata_err_set(err, STRATA_E_INVALID, "'prompt' must be a string with 'images'");
+        goto out;
+    }
+    const char *marker = cJSON_IsString(mk) && mk->valuestring[0] ? mk->valuestring
+                                                                  : strata_splice_default_marker(L->v);
+    if (!marker) {
+        rc = strata_err_set(err, STRATA_E_UNSUPPORTED, "the model has no image placeholder "
+                            "token (%s) and the request gives no 'image_marker'",
+                            STRATA_SPLICE_PAD);
+        goto out;
+    }
+    cJSON_ArrayForEach(it, imgs)
+    {
+        char name[32];
+        size_t len = 0;
+        struct strata_embd_header h;
+        float *r = NULL;
+        snprintf(name, sizeof name, "images[%d]", i);
+        unsigned char *buf = cJSON_IsString(it) ? b64_decode(it->valuestring, &len) : NULL;
+        FILE *f = buf && len ? fmemopen(buf, len, "rb") : NULL;
+        if (!f) {
+            free(buf);
+            rc = strata_err_set(err, STRATA_E_INVALID, "'%s' is not a base64 payload", name);
+            goto out;
+        }
+        rc = strata_embd_read(f, name, &h, &r, err);
+        fclose(f);
+        free(buf);
+        if (rc == 0)
+            rc = strata_splice_check(strata_engine_gguf(L->e), m->hp.n_embd, h.n_embd, name, err);
+        float *q2 = rc ? NULL : realloc(*rows, (total + (size_t)h.n_tokens * h.n_embd) * sizeof *q2);
+        if (rc == 0 && !q2)
+            rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        if (rc) {
+            free(r);
+            goto out;
+        }
+        memcpy(q2 + total, r, (size_t)h.n_tokens * h.n_embd * sizeof *q2);
+        free(r);
+        *rows = q2;
+        total += (size_t)h.n_tokens * h.n_embd;
+        nt[i++] = h.n_tokens;
+    }
+    rc = strata_splice_tokenize(L->v, p->valuestring, strlen(p->valuestring),
+                                flag(q, "add_bos", strata_vocab_add_bos(L->v)), marker, n_img, nt,
+                                ids, n, err);
+out:
+    free(nt);
+    /* what the request gave does not fit this model: a bad request */
+    if (rc == STRATA_E_FORMAT || rc == STRATA_E_UNSUPPORTED)
+        rc = err->code = STRATA_E_INVALID;
+    return rc;
+}
+
 static int run_forced(struct loop *L, const char *id, const char *text, size_t len,
                       size_t n_prompt, int32_t max_tokens)
 {
@@ -310,6 +411,7 @@ static int do_generate(struct loop *L, const cJSON *q, const char *id)
     size_t n_ids = 0;
     const char **stop = NULL;
     char *forced = NULL;
+    float *img_rows = NULL;
     int rc = 0;
     strata_gen_params_init(&p);
     int has;
@@ -354,10 +456,14 @@ static int do_generate(struct loop *L, const cJSON *q, const char *id)
             stop[p.n_stop++] = s->valuestring;
         p.stop = stop;
     }
-    if (prompt_ids(L, q, &ids, &n_ids, &err)) {
+    const cJSON *imgs = cJSON_GetObjectItemCaseSensitive(q, "images");
+    if (cJSON_IsArray(imgs) && cJSON_GetArraySize(imgs) > 0
+            ? prompt_images(L, q, imgs, &ids, &n_ids, &img_rows, &err)
+            : prompt_ids(L, q, &ids, &n_ids, &err)) {
         rc = emit_error(L, id, err.code, err.msg);
         goto out;
     }
+    p.embd = img_rows;
     if (n_ids == 0) {
         rc = emit_error(L, id, STRATA_E_INVALID, "the prompt is empty (no tokens)");
         goto out;
@@ -397,6 +503,7 @@ out:
     free(forced);
     free(stop);
     free(ids);
+    free(img_rows);
     return rc;
 }
 
