@@ -316,14 +316,10 @@ static int add_param(cJSON *obj, const char *k, size_t kn, const char *v, size_t
     return ok ? 0 : -1;
 }
 
-/* <function=NAME>\n<parameter=K>\nV\n</parameter>\n</function> */
-static int parse_qwen3_coder_call(struct parsed *p, const char *s, const char *e,
-                                  struct strata_err *err)
+/* NAME>\n<parameter=K>\nV\n</parameter>\n</function>: what follows "<function=" */
+static int parse_qwen3_function(struct parsed *p, const char *f, const char *e,
+                                struct strata_err *err)
 {
-    const char *f = find(s, e, "<function=");
-    if (!f)
-        return strata_err_set(err, STRATA_E_FORMAT, "qwen3-coder tool call without <function=");
-    f += 10;
     const char *gt = memchr(f, '>', (size_t)(e - f));
     if (!gt)
         return strata_err_set(err, STRATA_E_FORMAT, "qwen3-coder tool call: unterminated <function=");
@@ -365,6 +361,16 @@ static int parse_qwen3_coder_call(struct parsed *p, const char *s, const char *e
     const char *ns = f, *ne = gt;
     trim(&ns, &ne);
     return add_call(p, ns, (size_t)(ne - ns), NULL, 0, args, NULL, 0, err, "qwen3-coder");
+}
+
+/* <tool_call>\n<function=NAME>...</function>\n</tool_call> */
+static int parse_qwen3_coder_call(struct parsed *p, const char *s, const char *e,
+                                  struct strata_err *err)
+{
+    const char *f = find(s, e, "<function=");
+    if (!f)
+        return strata_err_set(err, STRATA_E_FORMAT, "qwen3-coder tool call without <function=");
+    return parse_qwen3_function(p, f + 10, e, err);
 }
 
 /* <tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>...</tool_call> */
@@ -729,8 +735,13 @@ int strata_chat_parse(enum strata_chat_format f, const char *text, size_t len, u
         rc = parse_wrapped(&p, s, e, "<tool_call>", "</tool_call>", hermes_one, "hermes", err);
         break;
     case STRATA_CHAT_FORMAT_QWEN3_CODER:
-        rc = parse_wrapped(&p, s, e, "<tool_call>", "</tool_call>", parse_qwen3_coder_call,
-                           "qwen3-coder", err);
+        /* models sometimes drop the <tool_call> wrapper around <function=...> */
+        if (!find(s, e, "<tool_call>") && find(s, e, "<function="))
+            rc = parse_wrapped(&p, s, e, "<function=", "</function>", parse_qwen3_function,
+                               "qwen3-coder", err);
+        else
+            rc = parse_wrapped(&p, s, e, "<tool_call>", "</tool_call>", parse_qwen3_coder_call,
+                               "qwen3-coder", err);
         break;
     case STRATA_CHAT_FORMAT_GLM45:
         rc = parse_wrapped(&p, s, e, "<tool_call>", "</tool_call>", parse_glm_call, "glm-4.5", err);
