@@ -15,7 +15,8 @@ static const char usage_text[] =
     "                    [--api-key KEY] [--ctx N] [--parallel N] [--threads N]\n"
     "                    [--prefill N] [--backend NAME] [--device N]\n"
     "                    [--chat-template FILE] [--watchdog SECS] [--load-timeout SECS]\n"
-    "                    [--engine PROGRAM] [--engine-arg ARG ...] [-v] [-- ENGINE-ARGS]\n";
+    "                    [--engine PROGRAM] [--engine-arg ARG ...] [-v] [-- ENGINE-ARGS]\n"
+    "                    [--mmproj FILE (after its -m)] [--allow-image-urls]\n";
 
 static volatile sig_atomic_t stop_flag;
 
@@ -37,6 +38,8 @@ enum {
     OPT_WATCHDOG,
     OPT_LOAD_TIMEOUT,
     OPT_PASS,
+    OPT_MMPROJ,
+    OPT_ALLOW_URLS,
 };
 
 static int parse_int(const char *opt, const char *s, long lo, long hi, int *out)
@@ -56,6 +59,8 @@ int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
         {"model", required_argument, NULL, 'm'},
+        {"mmproj", required_argument, NULL, OPT_MMPROJ},
+        {"allow-image-urls", no_argument, NULL, OPT_ALLOW_URLS},
         {"host", required_argument, NULL, OPT_HOST},
         {"port", required_argument, NULL, OPT_PORT},
         {"api-key", required_argument, NULL, OPT_KEY},
@@ -77,10 +82,11 @@ int main(int argc, char **argv)
     struct strata_server_opts o;
     struct strata_err err = {0};
     const char **models = calloc((size_t)argc, sizeof(*models));
+    const char **mmprojs = calloc((size_t)argc, sizeof(*mmprojs));
     const char **eargs = calloc((size_t)argc * 2 + 1, sizeof(*eargs));
     char **owned = calloc((size_t)argc, sizeof(*owned));
     int n_owned = 0, rc = STRATA_EXIT_USAGE, c, idx = 0;
-    if (!models || !eargs || !owned) {
+    if (!models || !eargs || !owned || !mmprojs) {
         fprintf(stderr, "strata-serve: out of memory\n");
         rc = STRATA_EXIT_NOMEM;
         goto out;
@@ -88,6 +94,7 @@ int main(int argc, char **argv)
     strata_log_set_prog("strata-serve");
     strata_server_opts_init(&o);
     o.models = models;
+    o.mmprojs = mmprojs;
     o.engine_args = eargs;
     const char *env_key = getenv("STRATA_API_KEY");
     if (env_key && *env_key)
@@ -96,6 +103,17 @@ int main(int argc, char **argv)
         switch (c) {
         case 'm':
             models[o.n_models++] = optarg;
+            break;
+        case OPT_MMPROJ:
+            if (!o.n_models || mmprojs[o.n_models - 1]) {
+                fprintf(stderr, "strata-serve: --mmproj %s must follow its model's -m (one per "
+                        "model)\n", optarg);
+                goto usage;
+            }
+            mmprojs[o.n_models - 1] = optarg;
+            break;
+        case OPT_ALLOW_URLS:
+            o.allow_image_urls = 1;
             break;
         case OPT_HOST:
             o.host = optarg;
@@ -191,6 +209,7 @@ out:
         free(owned[i]);
     free(owned);
     free(models);
+    free(mmprojs);
     free(eargs);
     return rc;
 }

@@ -187,6 +187,8 @@ static void health_json(struct srv *s, struct srv_reply *r)
         cJSON_AddNumberToObject(o, "engines_ready", n_ready);
         cJSON_AddNumberToObject(o, "engines", m->n_engines);
         cJSON_AddNumberToObject(o, "restarts", restarts);
+        if (m->vision)
+            cJSON_AddBoolToObject(o, "images", srv_vision_ready(m));
         pthread_mutex_lock(&m->mu);
         cJSON_AddNumberToObject(o, "n_ctx", m->n_ctx);
         cJSON_AddNumberToObject(o, "queue", m->q_len);
@@ -201,7 +203,10 @@ static void health_json(struct srv *s, struct srv_reply *r)
     if (s->n_models)
         cJSON_AddStringToObject(root, "model", s->models[0].id);
     cJSON_AddItemToObject(root, "models", arr);
-    cJSON_AddBoolToObject(root, "images", 0);
+    int images = 0;
+    for (int i = 0; i < s->n_models; i++)
+        images |= srv_vision_ready(&s->models[i]);
+    cJSON_AddBoolToObject(root, "images", images);
     r->status = all_ready ? 200 : 503;
     r->body = cJSON_PrintUnformatted(root);
     r->body_len = r->body ? strlen(r->body) : 0;
@@ -585,7 +590,7 @@ int strata_server_run(const struct strata_server_opts *o, volatile sig_atomic_t 
                         m->path);
     }
     engines_started = 1;
-    if ((rc = srv_engines_start(&s, err)))
+    if ((rc = srv_engines_start(&s, err)) || (rc = srv_vision_start(&s, err)))
         goto out;
     if ((rc = srv_engines_wait_ready(&s, stop, err)))
         goto out;
@@ -618,8 +623,10 @@ int strata_server_run(const struct strata_server_opts *o, volatile sig_atomic_t 
 out:
     if (d)
         MHD_stop_daemon(d);
-    if (engines_started)
+    if (engines_started) {
         srv_engines_stop(&s);
+        srv_vision_stop(&s);
+    }
     for (int i = 0; i < s.n_models; i++) {
         struct srv_model *m = &s.models[i];
         for (int k = 0; m->engines && k < m->n_engines; k++)

@@ -39,6 +39,9 @@ struct strata_server_opts {
     int n_threads;             /* unused by the thread-per-connection model; reserved */
     int max_connections;       /* concurrent HTTP connections */
     double conn_timeout_s;     /* idle keep-alive connection timeout */
+    const char *const *mmprojs; /* [n_models] vision projector per model, entries NULL
+                                   when none; NULL = no model has one */
+    int allow_image_urls;      /* fetch http(s) image_url parts (else data: URLs only) */
 };
 
 /* Defaults: 127.0.0.1, port 8080, parallel 1, watchdog 120 s, load timeout

@@ -23,6 +23,8 @@
 #include "server.h"
 
 struct strata_chat;
+struct srv_vision;
+struct srv_reply;
 
 enum srv_job_state { SRV_JOB_QUEUED, SRV_JOB_RUNNING, SRV_JOB_DONE, SRV_JOB_FAILED };
 
@@ -108,6 +110,7 @@ struct srv_model {
     struct strata_chat *chat;       /* NULL when the model has no usable template */
     char chat_error[512];
     int chat_format;
+    struct srv_vision *vision;      /* the vision helper (server_vision.c), NULL: no mmproj */
 };
 
 struct srv {
@@ -179,5 +182,23 @@ void srv_reply_error(struct srv_reply *r, int status, const char *type, const ch
  * -1 when the client went away or on error. */
 ssize_t srv_stream_read(struct srv_stream *st, char *buf, size_t max);
 void srv_stream_free(struct srv_stream *st);
+
+/* server_vision.c: a `strata-embed --serve` helper per model with an mmproj
+ * (strata_server_opts.mmprojs), supervised and restarted like an engine.
+ * Image parts reach the engine as "images" + "image_marker" in the generate
+ * request; each image part's place in the rendered prompt is marked by
+ * SRV_IMAGE_MARKER. */
+#define SRV_IMAGE_MARKER "<|strata-image|>"
+int srv_vision_start(struct srv *s, struct strata_err *err);
+void srv_vision_stop(struct srv *s);
+/* 1 once the model's helper answered its /health. */
+int srv_vision_ready(struct srv_model *m);
+/* parts: [{"param": "messages[i].content[k]", "url": "..."}] in prompt order.
+ * Fetches/decodes each image, embeds it through the helper and adds
+ * "images" and "image_marker" to gen.  On failure writes the error reply
+ * (400 naming the part for a bad image; 500 when the helper failed) and
+ * returns -1. */
+int srv_vision_embed_parts(struct srv *s, struct srv_model *m, const cJSON *parts, cJSON *gen,
+                           struct srv_reply *r);
 
 #endif

@@ -859,9 +859,21 @@ static struct srv_stream *new_stream(struct srv *s, struct srv_model *m, struct 
     return st;
 }
 
+/* The URL of an image part ({"type":"image_url","image_url":{"url":...}} or
+ * "image_url":"..."; input_image alike), or NULL. */
+static const char *image_part_url(const cJSON *part)
+{
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(part, "image_url");
+    if (cJSON_IsObject(u))
+        u = cJSON_GetObjectItemCaseSensitive(u, "url");
+    return cJSON_IsString(u) ? u->valuestring : NULL;
+}
+
 /* Messages with content-part arrays flattened to strings (the text parts
- * joined by newlines), validated. */
-static cJSON *normalize_messages(const cJSON *msgs, struct field_err *fe)
+ * joined by newlines), validated.  images: NULL when the model takes no
+ * images; else each image part is recorded there ({"param","url"}) and
+ * written as SRV_IMAGE_MARKER in its place. */
+static cJSON *normalize_messages(const cJSON *msgs, cJSON *images, struct field_err *fe)
 {
     static char param[64];
     if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0) {
@@ -897,21 +909,35 @@ static cJSON *normalize_messages(const cJSON *msgs, struct field_err *fe)
                 const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
                 const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
                 snprintf(param, sizeof(param), "messages[%d].content[%d]", i, k);
-                if (cJSON_IsString(type) && (!strcmp(type->valuestring, "image_url") ||
-                                             !strcmp(type->valuestring, "input_image"))) {
-                    bad(fe, param, "'%s': image input is not supported by this server yet",
-                        param);
+                int is_image = cJSON_IsString(type) && (!strcmp(type->valuestring, "image_url") ||
+                                                         !strcmp(type->valuestring, "input_image"));
+                if (is_image && !images) {
+                    bad(fe, param, "'%s': image input is not supported by this model (it has "
+                        "no vision projector: give strata-serve --mmproj)", param);
                     free(joined);
                     goto fail;
                 }
-                if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") ||
-                    !cJSON_IsString(text)) {
+                if (is_image && !image_part_url(part)) {
+                    bad(fe, param, "'%s' must have an \"image_url\" with a \"url\"", param);
+                    free(joined);
+                    goto fail;
+                }
+                if (is_image) {
+                    cJSON *ip = cJSON_CreateObject();
+                    cJSON_AddStringToObject(ip, "param", param);
+                    cJSON_AddStringToObject(ip, "url", image_part_url(part));
+                    cJSON_AddItemToArray(images, ip);
+                    text = NULL;
+                }
+                if (!is_image && (!cJSON_IsString(type) || strcmp(type->valuestring, "text") ||
+                                  !cJSON_IsString(text))) {
                     bad(fe, param, "'%s' must be a {\"type\": \"text\", \"text\": ...} part",
                         param);
                     free(joined);
                     goto fail;
                 }
-                size_t tl = strlen(text->valuestring);
+                const char *tv = text ? text->valuestring : SRV_IMAGE_MARKER;
+                size_t tl = strlen(tv);
                 char *nj = realloc(joined, cap + tl + 1);
                 if (!nj) {
                     free(joined);
@@ -921,7 +947,7 @@ static cJSON *normalize_messages(const cJSON *msgs, struct field_err *fe)
                 joined = nj;
                 if (k > 0)
                     joined[len++] = '\n';
-                memcpy(joined + len, text->valuestring, tl);
+                memcpy(joined + len, tv, tl);
                 len += tl;
                 joined[len] = '\0';
                 cap = len + 2;
@@ -953,7 +979,7 @@ void srv_openai_chat(struct srv *s, const char *body, size_t len, struct srv_htt
 {
     struct field_err fe = {0};
     struct srv_stream *st = NULL;
-    cJSON *gen = NULL, *treq = NULL;
+    cJSON *gen = NULL, *treq = NULL, *images = NULL;
     char *prompt = NULL;
     cJSON *req = parse_body(body, len, r);
     if (!req)
@@ -985,7 +1011,9 @@ void srv_openai_chat(struct srv *s, const char *body, size_t len, struct srv_htt
         cJSON_AddBoolToObject(gen, "logprobs", 1);
         cJSON_AddNumberToObject(gen, "top_logprobs", (double)top);
     }
-    cJSON *msgs = normalize_messages(cJSON_GetObjectItemCaseSensitive(req, "messages"), &fe);
+    images = m->vision ? cJSON_CreateArray() : NULL;
+    cJSON *msgs = normalize_messages(cJSON_GetObjectItemCaseSensitive(req, "messages"), images,
+                                     &fe);
     if (!msgs)
         goto bad;
     treq = cJSON_CreateObject();
@@ -1048,6 +1076,8 @@ void srv_openai_chat(struct srv *s, const char *body, size_t len, struct srv_htt
         st->parse_flags |= STRATA_CHAT_PARSE_IN_REASONING;
     cJSON_AddStringToObject(gen, "prompt", prompt);
     cJSON_AddBoolToObject(gen, "parse_special", 1);
+    if (cJSON_GetArraySize(images) > 0 && srv_vision_embed_parts(s, m, images, gen, r))
+        goto out;
     run_generation(st, gen, r);
     st = NULL;
     goto out;
@@ -1055,6 +1085,7 @@ bad:
     srv_reply_error(r, 400, "invalid_request_error", fe.param, "%s", fe.msg);
 out:
     free(prompt);
+    cJSON_Delete(images);
     cJSON_Delete(treq);
     cJSON_Delete(gen);
     cJSON_Delete(req);
