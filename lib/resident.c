@@ -78,9 +78,21 @@ static double gib(uint64_t b)
     return (double)b / (double)(1ull << 30);
 }
 
+/* A live process (a zombie is not: it waits only to be reaped). */
 static int pid_alive(pid_t pid)
 {
-    return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+    char path[64], buf[512];
+    if (pid <= 0 || (kill(pid, 0) != 0 && errno != EPERM))
+        return 0;
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 1;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *rp = strrchr(buf, ')'); /* "PID (comm) S ..." */
+    return !(rp && rp[1] == ' ' && rp[2] == 'Z');
 }
 
 static size_t meta_size_for(uint32_t n_files)

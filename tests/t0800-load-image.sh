@@ -3,7 +3,7 @@
 # (same greedy ids as reading the files), --status lists both, the loader is
 # killed with SIGKILL and --unload removes the image while the engines keep
 # generating from their mappings.
-. "$STRATA_ROOT/tests/lib.sh"
+. "$(dirname "$0")/lib.sh"
 
 LOAD=$STRATA_BIN/strata-load
 GEN=$STRATA_BIN/strata-generate
