@@ -202,11 +202,18 @@ static void rope_table(struct cpu_state *s)
         corr1 = fminf(n_dims - 1, ceilf(yarn_corr_dim(n_dims, n_orig, hp->yarn_beta_slow, base)));
         mscale *= 1.0f + 0.1f * logf(1.0f / fs);
     }
+    /* rope_freqs.weight divides each pair's frequency (as ggml's rope with
+     * freq_factors); absent: 1 */
+    float ff[512];
+    for (int i = 0; i < n_dims / 2; i++)
+        ff[i] = 1.0f;
+    if (s->m->rope_freqs.data)
+        strata_quant_dequant_row(s->m->rope_freqs.type, s->m->rope_freqs.data, ff, n_dims / 2);
     for (int p = 0; p < s->n_ctx; p++) {
         float *cs = s->rope_cs + (size_t)p * n_dims;
         for (int i0 = 0; i0 < n_dims; i0 += 2) {
             /* theta = p * base^(-i0/n_dims), computed in double */
-            double th_extrap = p * pow((double)base, -(double)i0 / n_dims);
+            double th_extrap = p * pow((double)base, -(double)i0 / n_dims) / ff[i0 / 2];
             double th = fs * th_extrap;
             if (ext != 0) {
                 double mix = yarn_ramp(corr0, corr1, i0) * ext;

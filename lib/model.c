@@ -302,10 +302,21 @@ int strata_model_load(struct strata_model **out, const struct strata_gguf *g,
     const int64_t od = (int64_t)hp->n_head * hp->n_embd_head_v;
     if ((rc = get_weight(g, &m->tok_embd, "token_embd", -1, 2, E, V, 1, 1, err)) ||
         (rc = get_weight(g, &m->output_norm, "output_norm", -1, 1, E, 1, 1, 1, err)) ||
-        (rc = get_weight(g, &m->output, "output", -1, 2, E, V, 1, 0, err)))
+        (rc = get_weight(g, &m->output, "output", -1, 2, E, V, 1, 0, err)) ||
+        (rc = get_weight(g, &m->rope_freqs, "rope_freqs", -1, 1, hp->n_rot / 2, 1, 1, 0, err)))
         goto out;
     if (!m->output.data)
         m->output = m->tok_embd; /* tied embeddings */
+    if (m->rope_freqs.data) {
+        float ff[512];
+        strata_quant_dequant_row(m->rope_freqs.type, m->rope_freqs.data, ff, hp->n_rot / 2);
+        for (uint32_t i = 0; i < hp->n_rot / 2; i++)
+            if (!(ff[i] > 0) || ff[i] > 1e30f) {
+                rc = strata_err_set(err, STRATA_E_FORMAT, "tensor 'rope_freqs.weight': "
+                                    "element %u is %g, must be a positive number", i, ff[i]);
+                goto out;
+            }
+    }
 
     m->layers = calloc(hp->n_layer, sizeof *m->layers);
     if (!m->layers) {

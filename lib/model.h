@@ -137,6 +137,8 @@ struct strata_model {
     struct strata_weight tok_embd;    /* token_embd  [n_embd, n_vocab] */
     struct strata_weight output_norm; /* [n_embd] */
     struct strata_weight output;      /* [n_embd, n_vocab]; == tok_embd when tied */
+    struct strata_weight rope_freqs;  /* optional [n_rot / 2]: per-pair divisors of the
+                                         RoPE frequencies (Llama 3.1 style scaling) */
     struct strata_layer *layers;      /* [n_layer] */
 };
 

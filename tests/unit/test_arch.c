@@ -25,11 +25,12 @@ struct cfg {
     int moe, qk_norm, bias, shexp, neox, norm_w;
     float rope_scale; /* linear factor, 0 = none */
     int yarn;         /* rope_scale is a YaRN factor (original context 16) */
+    int freqs;        /* rope_freqs.weight divides the frequencies */
 };
 
 /* all weights of the test model (F32) */
 struct w {
-    float tok[V * E], out[V * E], onorm[E];
+    float tok[V * E], out[V * E], onorm[E], rfreq[HD / 2];
     struct {
         float an[E], fn[E], q[NH * HD * E], k[NKV * HD * E], v[NKV * HD * E], o[E * NH * HD];
         float bq[NH * HD], bk[NKV * HD], bv[NKV * HD], qn[HD], kn[HD];
@@ -94,6 +95,8 @@ static double yarn_corr(double n_rot, double base, double orig)
     return HD * log(orig / (n_rot * 2 * M_PI)) / (2 * log(base));
 }
 
+static const float *ref_freqs; /* rope_freqs of the model under test, or NULL */
+
 static void ref_rope(float *x, int pos, int neox, float scale, float yarn_factor)
 {
     double low = 0, high = 0, msc = 1;
@@ -107,7 +110,7 @@ static void ref_rope(float *x, int pos, int neox, float scale, float yarn_factor
         msc = 0.1 * log(yarn_factor) + 1;
     }
     for (int i = 0; i < HD / 2; i++) {
-        double inv = pow(10000.0, -2.0 * i / HD);
+        double inv = pow(10000.0, -2.0 * i / HD) / (ref_freqs ? ref_freqs[i] : 1.0);
         double th = pos * inv * scale;
         if (yarn_factor > 0) {
             double ramp = (i - low) / (high - low > 0.001 ? high - low : 0.001);
@@ -300,6 +303,8 @@ static void *build(const struct cfg *c, const struct w *W, size_t *size, const c
     };
     for (tt = tl; !rc && tt < tl + 3; tt++)
         rc = add_t(g, tt->n, tt->l, tt->d, tt->nd, tt->a, tt->b, tt->cc, &err);
+    if (!rc && c->freqs)
+        rc = add_t(g, "rope_freqs.weight", -1, W->rfreq, 1, HD / 2, 1, 1, &err);
     for (int l = 0; !rc && l < NL; l++) {
         const struct { const char *n; const float *d; int nd; uint64_t a, b, cc; int when; }
             *t, ts[] = {
@@ -366,6 +371,7 @@ static void check_arch(const struct cfg *c, struct w *W)
     for (int i = 0; i < 11; i++)
         ids[i] = (i * 7 + 3) % V;
     float got[11 * V], want[11 * V];
+    ref_freqs = c->freqs ? W->rfreq : NULL;
     ref_forward(c, W, ids, 11, want);
     int rc = strata_engine_eval(e, ids, 11, STRATA_LOGITS_ALL, got, &err);
     double md = 0;
@@ -373,7 +379,8 @@ static void check_arch(const struct cfg *c, struct w *W)
         if (fabs(got[i] - want[i]) > md || got[i] != got[i])
             md = got[i] != got[i] ? INFINITY : fabs(got[i] - want[i]);
     ok(rc == 0 && md < 2e-4, "%s%s%s: logits match the reference (max diff %.2g)", c->arch,
-       c->moe ? " moe" : "", c->yarn ? " yarn rope" : c->rope_scale > 0 ? " linear rope" : "",
+       c->moe ? " moe" : "",
+       c->freqs ? " rope_freqs" : c->yarn ? " yarn rope" : c->rope_scale > 0 ? " linear rope" : "",
        md);
 out:
     strata_engine_close(e);
@@ -405,6 +412,8 @@ int main(void)
     fill(W->tok, V * E, 1.0f, 0);
     fill(W->out, V * E, 0.3f, 0);
     fill(W->onorm, E, 0.2f, 1);
+    for (int i = 0; i < HD / 2; i++)
+        W->rfreq[i] = 1.0f + (float)(i * i); /* as Llama 3.1's: low frequencies slowed */
     for (int l = 0; l < NL; l++) {
         fill(W->l[l].an, E, 0.2f, 1);
         fill(W->l[l].fn, E, 0.2f, 1);
@@ -429,15 +438,16 @@ int main(void)
         fill(W->l[l].us, FS * E, 0.2f, 0);
         fill(W->l[l].ds, FS * E, 0.2f, 0);
     }
-    /*                    arch        moe qkn bias shx neox norm rope yarn */
-    struct cfg llama = { "llama", 0, 0, 0, 0, 0, 1, 0, 0 };
-    struct cfg mixtral = { "llama", 1, 0, 0, 0, 0, 1, 0, 0 };
-    struct cfg llama_lin = { "llama", 0, 0, 0, 0, 0, 1, 4.0f, 0 };
-    struct cfg qwen3 = { "qwen3", 0, 1, 0, 0, 1, 0, 0, 0 };
-    struct cfg q3moe = { "qwen3moe", 1, 1, 0, 0, 1, 1, 0, 0 };
-    struct cfg q3moe_nonorm = { "qwen3moe", 1, 1, 0, 0, 1, 0, 0, 0 };
-    struct cfg q2moe = { "qwen2moe", 1, 0, 1, 1, 1, 0, 0, 0 };
-    struct cfg q3_yarn = { "qwen3", 0, 1, 0, 0, 1, 0, 4.0f, 1 };
+    /*                    arch        moe qkn bias shx neox norm rope yarn freqs */
+    struct cfg llama = { "llama", 0, 0, 0, 0, 0, 1, 0, 0, 0 };
+    struct cfg mixtral = { "llama", 1, 0, 0, 0, 0, 1, 0, 0, 0 };
+    struct cfg llama_lin = { "llama", 0, 0, 0, 0, 0, 1, 4.0f, 0, 0 };
+    struct cfg qwen3 = { "qwen3", 0, 1, 0, 0, 1, 0, 0, 0, 0 };
+    struct cfg q3moe = { "qwen3moe", 1, 1, 0, 0, 1, 1, 0, 0, 0 };
+    struct cfg q3moe_nonorm = { "qwen3moe", 1, 1, 0, 0, 1, 0, 0, 0, 0 };
+    struct cfg q2moe = { "qwen2moe", 1, 0, 1, 1, 1, 0, 0, 0, 0 };
+    struct cfg q3_yarn = { "qwen3", 0, 1, 0, 0, 1, 0, 4.0f, 1, 0 };
+    struct cfg llama_ff = { "llama", 0, 0, 0, 0, 0, 1, 0, 0, 1 };
     check_arch(&llama, W);
     check_arch(&mixtral, W);
     check_arch(&llama_lin, W);
@@ -446,6 +456,7 @@ int main(void)
     check_arch(&q3moe_nonorm, W);
     check_arch(&q2moe, W);
     check_arch(&q3_yarn, W);
+    check_arch(&llama_ff, W);
     check_missing(&q2moe, W, "attention.head_count", NULL,
                   "required key 'qwen2moe.attention.head_count' not found");
     check_missing(&q2moe, W, NULL, "blk.1.ffn_up_shexp.weight",
