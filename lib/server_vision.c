@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -305,17 +306,69 @@ static void *supervise(void *arg)
     return NULL;
 }
 
+/* The vision projector a pack recorded (pack.json "sources" entry with
+ * role "mmproj", its path relative to the pack directory), malloc'ed, or
+ * NULL when path is not a pack or has none. */
+static char *pack_mmproj(const char *path)
+{
+    struct stat st;
+    char dir[4096], pj[4200];
+    size_t pl = strlen(path);
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        snprintf(dir, sizeof dir, "%s", path);
+    } else if (pl >= 9 && !strcmp(path + pl - 9, "pack.json")) {
+        snprintf(dir, sizeof dir, "%.*s", (int)(pl - 9), path);
+        if (!dir[0])
+            strcpy(dir, ".");
+    } else {
+        return NULL;
+    }
+    snprintf(pj, sizeof pj, "%s/pack.json", dir);
+    FILE *f = fopen(pj, "rb");
+    if (!f)
+        return NULL;
+    char *text = NULL, *out = NULL;
+    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (n > 0 && n < (16 << 20) && fseek(f, 0, SEEK_SET) == 0 && (text = malloc((size_t)n + 1)) &&
+        fread(text, 1, (size_t)n, f) == (size_t)n) {
+        text[n] = 0;
+        cJSON *root = cJSON_Parse(text);
+        const cJSON *src;
+        cJSON_ArrayForEach(src, cJSON_GetObjectItemCaseSensitive(root, "sources"))
+        {
+            const cJSON *role = cJSON_GetObjectItemCaseSensitive(src, "role");
+            const cJSON *p = cJSON_GetObjectItemCaseSensitive(src, "path");
+            if (out || !cJSON_IsString(role) || strcmp(role->valuestring, "mmproj") ||
+                !cJSON_IsString(p))
+                continue;
+            size_t need = strlen(dir) + strlen(p->valuestring) + 2;
+            if ((out = malloc(need))) {
+                if (p->valuestring[0] == '/')
+                    snprintf(out, need, "%s", p->valuestring);
+                else
+                    snprintf(out, need, "%s/%s", dir, p->valuestring);
+            }
+        }
+        cJSON_Delete(root);
+    }
+    free(text);
+    fclose(f);
+    return out;
+}
+
 int srv_vision_start(struct srv *s, struct strata_err *err)
 {
     const struct strata_server_opts *o = s->o;
     curl_global_init(CURL_GLOBAL_DEFAULT);
     for (int i = 0; i < s->n_models; i++) {
         const char *mm = o->mmprojs ? o->mmprojs[i] : NULL;
-        if (!mm)
+        char *from_pack = mm ? NULL : pack_mmproj(s->models[i].path);
+        if (!mm && !from_pack)
             continue;
         struct srv_vision *v = calloc(1, sizeof *v);
-        if (!v || !(v->mmproj = strdup(mm))) {
+        if (!v || !(v->mmproj = mm ? strdup(mm) : from_pack)) {
             free(v);
+            free(from_pack);
             return strata_err_set(err, STRATA_E_NOMEM, "vision helper state");
         }
         v->model = &s->models[i];

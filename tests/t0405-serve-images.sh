@@ -86,4 +86,19 @@ is "$(jget 'o.choices[0].message.content' <"$TMP/r7")" "$want" "same answer afte
 ok "$(grep -q 'vision helper killed by signal 9' "$TMP/server.log"; echo $?)" "the restart is logged"
 stop_server
 is "$SERVER_RC" 0 "server exits 0"
+
+# a pack that records its mmproj gets the helper without --mmproj
+STRATA_PRESETS="$ROOT/packs" "$BIN/strata-prepare" --family tiny --model Q4_K_M --vision yes \
+    --name tv --offline --out "$TMP/packs" >/dev/null 2>&1
+ok $? "a tiny pack with the vision projector"
+start_server -m "$TMP/packs/tv.strata" --threads 2
+ok $? "server starts with the pack"
+for _ in $(seq 1 300); do
+    [ "$(curl -s "$URL/health" | jget o.images)" = true ] && break
+    sleep 0.1
+done
+is "$(curl -s "$URL/health" | jget o.images)" true "pack: /health images true"
+post /v1/chat/completions "$(chat tv "$(durl "$TMP/small.png")" "What is this?")" >"$TMP/r8"
+is "$(status)" 200 "pack: an image request succeeds"
+stop_server
 done_testing
