@@ -19,6 +19,7 @@
  *  - qwen2moe: false (Qwen1.5/2-MoE configs set norm_topk_prob=false). */
 static const struct strata_arch arch_table[] = {
     { "llama", STRATA_ROPE_NORM, 0, 0, 2, 0, 1 },
+    { "qwen2", STRATA_ROPE_NEOX, 0, 1, 0, 0, 0 },
     { "qwen3", STRATA_ROPE_NEOX, 1, 0, 0, 0, 0 },
     { "qwen3moe", STRATA_ROPE_NEOX, 1, 0, 1, 0, 1 },
     { "qwen2moe", STRATA_ROPE_NEOX, 0, 1, 1, 1, 0 },
@@ -273,7 +274,7 @@ int strata_model_load(struct strata_model **out, const struct strata_gguf *g,
     if (!a)
         return strata_err_set(err, STRATA_E_UNSUPPORTED,
                               "architecture '%s' (general.architecture) is not supported "
-                              "(llama, qwen3, qwen3moe, qwen2moe)", an);
+                              "(llama, qwen2, qwen3, qwen3moe, qwen2moe)", an);
     m = calloc(1, sizeof *m);
     if (!m)
         return strata_err_set(err, STRATA_E_NOMEM, "out of memory");

@@ -2,7 +2,7 @@
  * and tensors: architecture, hyper-parameters and one weight per role.
  *
  * Architectures are table-driven (model.c): each supported general.architecture
- * value ("llama", "qwen3", "qwen3moe", "qwen2moe") has one description of which
+ * value ("llama", "qwen2", "qwen3", "qwen3moe", "qwen2moe") has one description of which
  * tensors exist, which are optional, which norms apply, the RoPE layout and the
  * MoE routing rule.  One forward pass (engine.c, and each backend) reads the
  * description; no backend branches on the architecture name.

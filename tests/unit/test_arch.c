@@ -448,6 +448,7 @@ int main(void)
     struct cfg q2moe = { "qwen2moe", 1, 0, 1, 1, 1, 0, 0, 0, 0 };
     struct cfg q3_yarn = { "qwen3", 0, 1, 0, 0, 1, 0, 4.0f, 1, 0 };
     struct cfg llama_ff = { "llama", 0, 0, 0, 0, 0, 1, 0, 0, 1 };
+    struct cfg qwen2 = { "qwen2", 0, 0, 1, 0, 1, 0, 0, 0, 0 };
     check_arch(&llama, W);
     check_arch(&mixtral, W);
     check_arch(&llama_lin, W);
@@ -457,6 +458,7 @@ int main(void)
     check_arch(&q2moe, W);
     check_arch(&q3_yarn, W);
     check_arch(&llama_ff, W);
+    check_arch(&qwen2, W);
     check_missing(&q2moe, W, "attention.head_count", NULL,
                   "required key 'qwen2moe.attention.head_count' not found");
     check_missing(&q2moe, W, NULL, "blk.1.ffn_up_shexp.weight",
