@@ -87,6 +87,31 @@ ok "$(grep -q 'vision helper killed by signal 9' "$TMP/server.log"; echo $?)" "t
 stop_server
 is "$SERVER_RC" 0 "server exits 0"
 
+# --allow-image-urls: an http URL is fetched (a local node server); a 404 is a 400
+node -e '
+const http = require("http"), fs = require("fs");
+const png = fs.readFileSync(process.argv[1]);
+const s = http.createServer((q, r) => {
+  if (q.url === "/small.png") { r.writeHead(200, {"Content-Type": "image/png"}); r.end(png); }
+  else { r.writeHead(404); r.end("no"); }
+});
+s.listen(0, "127.0.0.1", () => fs.writeFileSync(process.argv[2], String(s.address().port)));
+setTimeout(() => process.exit(0), 60000);
+' "$TMP/small.png" "$TMP/http.port" &
+HTTP_PID=$!
+for _ in $(seq 1 100); do [ -s "$TMP/http.port" ] && break; sleep 0.1; done
+start_server -m "$M" --mmproj "$P" --threads 2 --allow-image-urls
+ok $? "server starts with --allow-image-urls"
+post /v1/chat/completions "$(chat "$ID" "http://127.0.0.1:$(cat "$TMP/http.port")/small.png" "What is this?")" >"$TMP/r9"
+is "$(status)" 200 "an http image URL: 200"
+is "$(jget 'o.choices[0].message.content' <"$TMP/r9")" "$want" "an http image URL: the same answer as the data: URL"
+post /v1/chat/completions "$(chat "$ID" "http://127.0.0.1:$(cat "$TMP/http.port")/none.png" "x")" >"$TMP/r10"
+is "$(status)" 400 "an http URL that answers 404: 400"
+ok "$(grep -q 'cannot fetch the image' "$TMP/r10"; echo $?)" "an http URL that fails: explained"
+stop_server
+kill "$HTTP_PID" 2>/dev/null
+wait "$HTTP_PID" 2>/dev/null
+
 # a pack that records its mmproj gets the helper without --mmproj
 STRATA_PRESETS="$ROOT/packs" "$BIN/strata-prepare" --family tiny --model Q4_K_M --vision yes \
     --name tv --offline --out "$TMP/packs" >/dev/null 2>&1
