@@ -1252,8 +1252,27 @@ static int open_dir(struct strata_pack *p, const char *dir, struct strata_err *e
     rc = attach_resident(p, dir, err);
     if (rc)
         goto out;
-    rc = p->res ? strata_gguf_open_files(&p->g, first, p->mem, p->n_mem, err)
-                : strata_gguf_open(&p->g, first, err);
+    if (p->res) {
+        /* an image whose bytes do not parse is ignored like a stale one */
+        struct strata_err e2 = {0};
+        rc = strata_gguf_open_files(&p->g, first, p->mem, p->n_mem, &e2);
+        if (rc == STRATA_E_NOMEM) {
+            if (err)
+                *err = e2;
+            goto out;
+        }
+        if (rc) {
+            snprintf(p->res_note, sizeof(p->res_note), "ignoring resident image %s: %.900s",
+                     strata_resident_att_name(p->res), e2.msg);
+            strata_resident_detach(p->res);
+            p->res = NULL;
+            free(p->mem);
+            p->mem = NULL;
+            p->n_mem = 0;
+        }
+    }
+    if (!p->res)
+        rc = strata_gguf_open(&p->g, first, err);
     if (rc)
         goto out;
     if (strata_gguf_n_shards(p->g) != n_model) {
