@@ -287,6 +287,9 @@ static int run_load(const char *pack, int detach, const char *pid_file_opt,
             p->name, gib(st.bytes), p->pack_name, p->n_files, p->n_files == 1 ? "" : "s",
             st.seconds, st.seconds > 0 ? gib(st.bytes) / st.seconds : 0.0, st.direct_io,
             p->n_files, st.huge_pages);
+    if (st.released_bytes)
+        fprintf(stderr, PROG ": %.2f GiB of routed experts in the GGUF files released from the "
+                        "image (engines read them from experts.bin)\n", gib(st.released_bytes));
     if (detach) {
         if (pid_file_opt)
             snprintf(pid_file, sizeof(pid_file), "%s", pid_file_opt);

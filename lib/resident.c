@@ -20,6 +20,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "gguf.h"
 #include "sha256.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -28,7 +29,7 @@
 
 #define SHM_DIR "/dev/shm"
 #define META_MAGIC "STRATARI"
-#define META_VERSION 1
+#define META_VERSION 2
 #define CHUNK (32ull << 20)   /* bytes per read */
 #define DIO_ALIGN 4096ull     /* O_DIRECT offset/length granule */
 
@@ -55,6 +56,8 @@ struct strata_resident_image {
 
 struct strata_resident_att {
     char name[STRATA_RESIDENT_NAME_MAX];
+    int n_fds;
+    int *fds;                 /* files mapped over holes (kept open for nothing else) */
     const unsigned char *base;
     uint64_t len;
     uint32_t n_files;
@@ -314,6 +317,131 @@ void strata_resident_pack_free(struct strata_resident_pack *p)
     free(p->files);
     p->files = NULL;
     p->n_files = 0;
+}
+
+/* ---- routed experts of the GGUF files ---------------------------------- */
+
+struct hole {
+    uint32_t file;            /* index into the pack's files */
+    uint64_t off, len;        /* page-aligned, inside the file */
+};
+
+static int cmp_tensor_off(const void *a, const void *b)
+{
+    const struct strata_gguf_tensor *x = *(const struct strata_gguf_tensor *const *)a;
+    const struct strata_gguf_tensor *y = *(const struct strata_gguf_tensor *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Is t a routed-expert tensor as lib/pack.c indexes them ("blk.N.*_exps.*"
+ * whose last dimension is ARCH.expert_count)? */
+static int is_expert_tensor(const struct strata_gguf_tensor *t, uint32_t n_expert)
+{
+    unsigned il;
+    int pos = 0;
+    return n_expert > 0 && sscanf(t->name, "blk.%u.%n", &il, &pos) == 1 && pos > 0 &&
+           strstr(t->name + pos, "_exps.") && t->n_dims >= 2 &&
+           t->ne[t->n_dims - 1] == n_expert;
+}
+
+/* The page ranges of the model files that hold nothing but routed experts:
+ * runs of consecutive expert tensors, rounded inward to pages.  base: the
+ * image mapping (files at their offsets).  *out malloc'ed. */
+static int expert_holes(const struct strata_resident_pack *p, const unsigned char *base,
+                        struct hole **out, size_t *n_out, struct strata_err *err)
+{
+    struct strata_gguf_mem_file *mem = calloc(p->n_files, sizeof(*mem));
+    const struct strata_gguf_tensor **ts = NULL;
+    struct strata_gguf *g = NULL;
+    struct hole *h = NULL;
+    size_t n = 0, cap = 0;
+    uint32_t n_mem = 0, first = UINT32_MAX, n_expert = 0;
+    int rc = 0;
+    const uint64_t pg = 4096;
+    *out = NULL;
+    *n_out = 0;
+    if (!mem)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    for (uint32_t i = 0; i < p->n_files; i++)
+        if (strcmp(p->files[i].role, "model") == 0) {
+            if (first == UINT32_MAX)
+                first = i;
+            mem[n_mem++] = (struct strata_gguf_mem_file){p->files[i].path,
+                                                         base + p->files[i].offset,
+                                                         p->files[i].size};
+        }
+    if (first == UINT32_MAX)
+        goto out;
+    if ((rc = strata_gguf_open_files(&g, p->files[first].path, mem, n_mem, err)))
+        goto out;
+    const char *arch = NULL;
+    char key[96];
+    if (strata_gguf_get_str(g, "general.architecture", &arch, NULL) == 0) {
+        snprintf(key, sizeof(key), "%s.expert_count", arch);
+        strata_gguf_get_u32(g, key, &n_expert, NULL);
+    }
+    uint64_t nt = strata_gguf_n_tensors(g);
+    if (!(ts = calloc(nt ? nt : 1, sizeof(*ts)))) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    for (uint32_t s = 0; s < strata_gguf_n_shards(g); s++) {
+        /* the pack file this shard is: the same path, else the same base name */
+        const char *sp = strata_gguf_shard_path(g, s), *sb = strrchr(sp, '/');
+        uint32_t fi = UINT32_MAX;
+        sb = sb ? sb + 1 : sp;
+        for (uint32_t i = 0; i < p->n_files && fi == UINT32_MAX; i++)
+            if (strcmp(p->files[i].role, "model") == 0 && strcmp(p->files[i].path, sp) == 0)
+                fi = i;
+        for (uint32_t i = 0; i < p->n_files && fi == UINT32_MAX; i++) {
+            const char *b = strrchr(p->files[i].path, '/');
+            if (strcmp(p->files[i].role, "model") == 0 && strcmp(b ? b + 1 : p->files[i].path,
+                                                                 sb) == 0)
+                fi = i;
+        }
+        if (fi == UINT32_MAX)
+            continue;
+        size_t m = 0;
+        for (uint64_t i = 0; i < nt; i++) {
+            const struct strata_gguf_tensor *t = strata_gguf_tensor_at(g, i);
+            if (t->shard == s && t->n_bytes)
+                ts[m++] = t;
+        }
+        qsort(ts, m, sizeof(*ts), cmp_tensor_off);
+        for (size_t i = 0; i < m;) {
+            if (!is_expert_tensor(ts[i], n_expert)) {
+                i++;
+                continue;
+            }
+            uint64_t a = ts[i]->offset, b = ts[i]->offset + ts[i]->n_bytes;
+            for (i++; i < m && is_expert_tensor(ts[i], n_expert); i++)
+                b = ts[i]->offset + ts[i]->n_bytes;
+            a = align_up(a, pg);
+            b = b / pg * pg;
+            if (b <= a)
+                continue;
+            if (n == cap) {
+                size_t nc = cap ? cap * 2 : 64;
+                void *nh = realloc(h, nc * sizeof(*h));
+                if (!nh) {
+                    rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+                    goto out;
+                }
+                h = nh;
+                cap = nc;
+            }
+            h[n++] = (struct hole){fi, a, b - a};
+        }
+    }
+    *out = h;
+    *n_out = n;
+    h = NULL;
+out:
+    free(h);
+    free(ts);
+    strata_gguf_close(g);
+    free(mem);
+    return rc;
 }
 
 /* ---- reading the meta object ------------------------------------------ */
@@ -753,6 +881,28 @@ int strata_resident_load(const struct strata_resident_load_opts *o,
             *err = c.err;
         goto out;
     }
+    /* a repacked pack: the engine reads routed experts from experts.bin, so
+     * release the GGUF pages that hold only them (attach maps the file there) */
+    uint64_t released = 0;
+    int repacked = 0;
+    for (uint32_t i = 0; i < p->n_files; i++)
+        repacked |= strcmp(p->files[i].role, "experts") == 0;
+    if (repacked) {
+        struct hole *h = NULL;
+        size_t nh = 0;
+        if ((rc = expert_holes(p, data, &h, &nh, err)))
+            goto out;
+        for (size_t i = 0; i < nh; i++)
+            if (fallocate(dfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                          (off_t)(p->files[h[i].file].offset + h[i].off), (off_t)h[i].len) == 0) {
+                p->files[h[i].file].sparse = 1;
+                released += h[i].len;
+            } else {
+                /* keep the pages; the file then stays whole in the image */
+                break;
+            }
+        free(h);
+    }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     /* mtimes were taken while reading */
     memcpy(meta_files(m), p->files, p->n_files * sizeof(*p->files));
@@ -761,6 +911,7 @@ int strata_resident_load(const struct strata_resident_load_opts *o,
         memset(stats, 0, sizeof(*stats));
         stats->bytes = c.all_total;
         stats->data_bytes = p->data_bytes;
+        stats->released_bytes = released;
         stats->seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
         stats->direct_io = c.n_direct;
         describe_huge(stats->huge_pages, sizeof(stats->huge_pages), o->huge_pages);
@@ -983,6 +1134,12 @@ int strata_resident_unload(const char *what, struct strata_resident_info *info,
 
 /* ---- attaching --------------------------------------------------------- */
 
+/* Map each pack file over the holes the loader left in its GGUF pages (the
+ * routed experts of a repacked pack), so the GGUF view reads them from the
+ * file.  Returns 0, STRATA_E_NOMEM, or another code with why set. */
+static int map_holes(struct strata_resident_att *a, char *why, size_t why_size,
+                     struct strata_err *err);
+
 __attribute__((format(printf, 3, 4))) static void say(char *why, size_t cap, const char *fmt, ...)
 {
     va_list ap;
@@ -1071,9 +1228,20 @@ int strata_resident_attach(const struct strata_resident_pack *p,
     a->len = m->data_bytes;
     a->n_files = p->n_files;
     copy_str(a->name, sizeof(a->name), p->name);
+    int any_sparse = 0;
     for (uint32_t i = 0; i < p->n_files; i++) {
         a->files[i] = p->files[i];
         a->files[i].offset = mf[i].offset;
+        a->files[i].sparse = mf[i].sparse;
+        any_sparse |= mf[i].sparse != 0;
+    }
+    if (any_sparse && (rc = map_holes(a, why, why_size, err)) != 0) {
+        if (rc == STRATA_E_NOMEM)
+            goto out;
+        rc = 0; /* why says it; the files are read instead */
+        strata_resident_detach(a);
+        a = NULL;
+        goto out;
     }
     *out = a;
     a = NULL;
@@ -1118,6 +1286,56 @@ void strata_resident_att_region(const struct strata_resident_att *a, const void 
 {
     *base = a->base;
     *len = a->len;
+}
+
+static int map_holes(struct strata_resident_att *a, char *why, size_t why_size,
+                     struct strata_err *err)
+{
+    struct strata_resident_pack p = {.n_files = a->n_files, .files = a->files};
+    struct hole *h = NULL;
+    size_t nh = 0;
+    struct strata_err e2 = {0};
+    int rc = expert_holes(&p, a->base, &h, &nh, &e2);
+    if (rc) {
+        if (rc == STRATA_E_NOMEM)
+            return strata_err_set(err, rc, "%s", e2.msg);
+        say(why, why_size, "ignoring resident image %s: %s", a->name, e2.msg);
+        return rc;
+    }
+    if (!(a->fds = malloc(sizeof(int) * (a->n_files ? a->n_files : 1)))) {
+        free(h);
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    }
+    for (uint32_t i = 0; i < a->n_files; i++)
+        a->fds[i] = -1;
+    a->n_fds = (int)a->n_files;
+    for (size_t i = 0; i < nh && !rc; i++) {
+        struct strata_resident_file *f = &a->files[h[i].file];
+        int fd = a->fds[h[i].file];
+        if (fd < 0 && (fd = a->fds[h[i].file] = open(f->path, O_RDONLY | O_CLOEXEC)) < 0) {
+            say(why, why_size, "ignoring resident image %s: cannot open '%s': %s", a->name,
+                f->path, strerror(errno));
+            rc = STRATA_E_IO;
+            break;
+        }
+        void *want = (void *)(a->base + f->offset + h[i].off);
+        void *got = mmap(want, h[i].len, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd,
+                         (off_t)h[i].off);
+        if (got != want) {
+            say(why, why_size, "ignoring resident image %s: cannot map '%s': %s", a->name,
+                f->path, strerror(errno));
+            rc = STRATA_E_IO;
+        }
+    }
+    /* the mappings keep the files; the descriptors are not needed */
+    for (int i = 0; i < a->n_fds; i++)
+        if (a->fds[i] >= 0)
+            close(a->fds[i]);
+    free(a->fds);
+    a->fds = NULL;
+    a->n_fds = 0;
+    free(h);
+    return rc;
 }
 
 void strata_resident_detach(struct strata_resident_att *a)

@@ -18,6 +18,13 @@
  *
  * A loader (strata_resident_load) fills the data object while hashing every
  * file, and marks the image ready only when every SHA-256 matched pack.json.
+ * In a repacked pack the engine reads the routed experts from experts.bin,
+ * so the image does not keep them twice: once verified, the pages of the
+ * GGUF files that hold only routed experts are released (a hole in the data
+ * object), and an engine that attaches maps the file itself over each hole,
+ * so the GGUF view stays complete and correct, with only the dense weights
+ * and experts.bin in memory.
+ *
  * Engines attach (strata_resident_attach) read-only; a mapping stays valid
  * after the objects are unlinked or the loader dies, so unloading never breaks
  * an engine that is running - the memory is freed when the last one exits.
@@ -50,6 +57,8 @@ struct strata_resident_file {
     char sha256[72];                     /* 64 lowercase hex digits recorded in pack.json */
     uint64_t offset;                     /* in the data object (STRATA_RESIDENT_ALIGN) */
     int64_t mtime_sec, mtime_nsec;       /* when loaded (0 before) */
+    uint32_t sparse;                     /* the image left out this GGUF's routed experts
+                                            (a repacked pack reads them from experts.bin) */
 };
 
 /* What an image of a pack is made of: its identity, name and layout. */
@@ -91,6 +100,7 @@ struct strata_resident_load_opts {
 struct strata_resident_load_stats {
     uint64_t bytes;               /* file bytes read and verified */
     uint64_t data_bytes;          /* size of the data object */
+    uint64_t released_bytes;      /* GGUF pages of routed experts released (repacked) */
     double seconds;               /* wall time of reading and verifying */
     int direct_io;                /* files read with O_DIRECT */
     char huge_pages[64];          /* what the kernel does for shared memory, e.g.

@@ -9,6 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "gguf.h"
+#include "pack.h"
 #include "resident.h"
 #include "sha256.h"
 #include "tap.h"
@@ -62,6 +64,72 @@ static int shm_exists(const char *name, const char *ext)
     char p[128];
     snprintf(p, sizeof(p), "/dev/shm/%s.%s", name, ext);
     return access(p, F_OK) == 0;
+}
+
+/* A repacked pack of the tinycoder fixture (a copy with random bytes after
+ * its data, so the image is this run's own): attached, every tensor of the
+ * GGUF view and every expert record reads the same bytes as from the files,
+ * though the image released the GGUF's routed experts. */
+static void test_repacked(unsigned seed)
+{
+    const char *fx = getenv("STRATA_FIXTURES");
+    char src[600], dir[600], cmd[4096];
+    struct strata_err err = {0};
+    if (!fx) {
+        diag("STRATA_FIXTURES not set: repacked image test skipped");
+        return;
+    }
+    snprintf(src, sizeof(src), "%s/tiny.gguf", g_tmp);
+    snprintf(dir, sizeof(dir), "%s/rp.strata", g_tmp);
+    snprintf(cmd, sizeof(cmd), "cp '%s/models/tinycoder-moe-Q4_K_M.gguf' '%s' && "
+             "printf '%%08x' %u >> '%s' && mkdir -p '%s'", fx, src, seed, src, dir);
+    if (system(cmd)) {
+        ok(0, "copy the fixture");
+        return;
+    }
+    struct strata_pack_build_opts bo = {.dir = dir, .gguf = src, .name = "rp", .repack = 1};
+    ok(strata_pack_build(&bo, &err) == 0, "repacked pack built: %s", err.msg);
+    struct strata_resident_load_opts lo = {.pack = dir, .direct_io = 1};
+    struct strata_resident_image *img = NULL;
+    struct strata_resident_load_stats st;
+    ok(strata_resident_load(&lo, &img, &st, &err) == 0, "repacked image loaded: %s", err.msg);
+    ok(img && st.released_bytes > 0, "routed experts of the GGUF released: %llu bytes",
+       (unsigned long long)st.released_bytes);
+    struct strata_pack *pa = NULL, *pf = NULL;
+    ok(strata_pack_open(&pa, dir, &err) == 0 && strata_pack_resident(pa, NULL),
+       "pack attached: %s", err.msg);
+    setenv("STRATA_NO_RESIDENT", "1", 1);
+    ok(strata_pack_open(&pf, dir, &err) == 0 && !strata_pack_resident(pf, NULL),
+       "pack from the files");
+    unsetenv("STRATA_NO_RESIDENT");
+    if (pa && pf) {
+        const struct strata_gguf *ga = strata_pack_gguf(pa), *gf = strata_pack_gguf(pf);
+        uint64_t bad = 0, n = strata_gguf_n_tensors(gf);
+        for (uint64_t i = 0; i < n; i++) {
+            const struct strata_gguf_tensor *a = strata_gguf_tensor_at(ga, i);
+            const struct strata_gguf_tensor *f = strata_gguf_tensor_at(gf, i);
+            if (a->n_bytes != f->n_bytes || memcmp(a->data, f->data, f->n_bytes))
+                bad++;
+        }
+        ok(n > 0 && bad == 0, "%llu tensors, %llu differ", (unsigned long long)n,
+           (unsigned long long)bad);
+        struct strata_pack_expert xa, xf;
+        int same = 1;
+        for (uint32_t il = 0; il < 64; il++) {
+            const struct strata_pack_layer *L = strata_pack_layer(pf, il);
+            if (!L)
+                continue;
+            for (uint32_t e = 0; e < L->n_expert; e++)
+                if (strata_pack_expert(pa, il, e, &xa, NULL) ||
+                    strata_pack_expert(pf, il, e, &xf, NULL) ||
+                    memcmp(xa.record, xf.record, xf.record_size))
+                    same = 0;
+        }
+        ok(same, "every expert record the same from the image");
+    }
+    strata_pack_close(pa);
+    strata_pack_close(pf);
+    strata_resident_image_remove(img);
 }
 
 int main(void)
@@ -159,6 +227,8 @@ int main(void)
     ok(strata_resident_load(&lo, &img2, NULL, &err) == STRATA_E_NOMEM &&
            strstr(err.msg, "MemAvailable"), "reserve: %s", err.msg);
     ok(!shm_exists(b.name, "meta"), "nothing created");
+
+    test_repacked(seed);
 
     strata_resident_pack_free(&a);
     strata_resident_pack_free(&b);
