@@ -148,13 +148,14 @@ int32_t strata_spec_n_past(const struct strata_spec *s)
     return s->active ? s->base + s->cur + 1 : strata_engine_n_past(s->e);
 }
 
-/* Back-off: learn from a window of k drafts of which a were accepted. */
+/* Back-off: learn from a window of k drafts of which a were accepted (a < 0:
+ * the generation ended inside the window, nothing learnt about acceptance). */
 static void adapt(struct strata_spec *s, int k, int a)
 {
     /* running means of the window time per size (the last ~8 windows weigh most) */
     int n = s->n_win[k] < 8 ? ++s->n_win[k] : 8;
     s->t_win[k] += (s->win_ms - s->t_win[k]) / n;
-    if (k > 0) {
+    if (k > 0 && a >= 0) {
         /* acceptance per drafted token under a geometric model: a accepted,
          * then one rejection unless all were accepted; decayed so the estimate
          * follows the text */
@@ -218,13 +219,14 @@ static int choose(struct strata_spec *s)
     return best;
 }
 
-/* Close the current window: learn from it, drop its rejected positions. */
-static int close_window(struct strata_spec *s, struct strata_err *err)
+/* Close the current window: learn from it, drop its rejected positions.
+ * decided: the next token was sampled (else the generation ended). */
+static int close_window(struct strata_spec *s, int decided, struct strata_err *err)
 {
     if (!s->active)
         return 0;
     s->active = 0;
-    adapt(s, s->win_n - 1, s->cur);
+    adapt(s, s->win_n - 1, decided || s->cur + 1 == s->win_n ? s->cur : -1);
     int32_t keep = s->base + s->cur + 1;
     if (strata_engine_n_past(s->e) > keep)
         return strata_engine_rollback(s->e, keep, err);
@@ -242,7 +244,7 @@ int strata_spec_next(struct strata_spec *s, int32_t id, const float **logits,
         *logits = s->rows + (size_t)s->cur * s->n_vocab;
         return 0;
     }
-    if ((rc = close_window(s, err)))
+    if ((rc = close_window(s, 1, err)))
         return rc;
 
     const int32_t n_past = strata_engine_n_past(s->e);
@@ -288,7 +290,7 @@ int strata_spec_next(struct strata_spec *s, int32_t id, const float **logits,
 
 int strata_spec_end(struct strata_spec *s, struct strata_err *err)
 {
-    return close_window(s, err);
+    return close_window(s, 0, err);
 }
 
 void strata_spec_stats_get(const struct strata_spec *s, struct strata_spec_stats *st)
