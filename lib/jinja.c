@@ -3615,14 +3615,21 @@ static int apply_test(struct ctx *c, const struct node *at, const char *name,
             return rt_fail(c, at, STRATA_E_INVALID, "test 'divisibleby' needs integers");
         r = v->u.i % x->u.i == 0;
     } else if (!strcmp(name, "lower") || !strcmp(name, "upper")) {
-        if (v->t != V_STR) {
-            r = 0;
-        } else {
-            struct val m;
-            if ((rc = case_map(c, at, v, name[0] == 'l' ? 0 : 1, &m)))
-                return rc;
-            r = m.n == v->n && memcmp(m.u.s, v->u.s, v->n) == 0;
+        /* str(value).islower() / .isupper(): needs a cased character */
+        struct val sv;
+        if ((rc = to_str(c, at, v, &sv)))
+            return rc;
+        int cased = 0, good = 1;
+        size_t i = 0;
+        while (i < sv.n && good) {
+            int32_t cp = u8_next(sv.u.s, sv.n, &i);
+            int32_t lo = utf8proc_tolower(cp), up = utf8proc_toupper(cp);
+            if (lo == up)
+                continue;
+            cased = 1;
+            good = name[0] == 'l' ? cp == lo : cp == up;
         }
+        r = cased && good;
     } else if (!strcmp(name, "sameas")) {
         /* identity: singletons, small ints and the same container */
         r = x && v->t == x->t
@@ -3710,6 +3717,8 @@ static int filter_select(struct ctx *c, struct scope *sc, const struct node *at,
 {
     struct list *l;
     int rc;
+    if (!truthy(v)) /* jinja2 starts with "if seq:" */
+        return mklist(c, at, 0, out);
     if ((rc = iterate(c, at, v, &l)) || (rc = mklist(c, at, 0, out)))
         return rc;
     int first = by_attr ? 1 : 0;
@@ -3784,10 +3793,8 @@ static int apply_filter(struct ctx *c, struct scope *sc, const struct node *at, 
     }
     if (!strcmp(name, "safe") || !strcmp(name, "e") || !strcmp(name, "escape")
         || !strcmp(name, "forceescape")) {
-        if (name[0] == 's') {
-            *out = *v;
-            return 0;
-        }
+        if (name[0] == 's') /* Markup(value): a string */
+            return to_str(c, at, v, out);
         struct val s;
         if ((rc = to_str(c, at, v, &s)))
             return rc;
@@ -3885,6 +3892,8 @@ static int apply_filter(struct ctx *c, struct scope *sc, const struct node *at, 
     }
     if (!strcmp(name, "map")) {
         struct list *l;
+        if (!truthy(v)) /* jinja2 starts with "if value:" */
+            return mklist(c, at, 0, out);
         if ((rc = iterate(c, at, v, &l)) || (rc = mklist(c, at, l->n, out)))
             return rc;
         const struct val *attr = arg(a, -1, "attribute"), *dflt = arg(a, -1, "default");
@@ -3964,6 +3973,10 @@ static int apply_filter(struct ctx *c, struct scope *sc, const struct node *at, 
         int64_t p = pr && pr->t == V_INT ? pr->u.i : 0;
         double x = num_f(v), m = pow(10.0, (double)p), r;
         const char *meth = me && me->t == V_STR ? me->u.s : "common";
+        if (v->t != V_FLOAT && !strcmp(meth, "common") && p >= 0) {
+            *out = mkint(v->u.i); /* Python's round(int, n) is the int */
+            return 0;
+        }
         if (!strcmp(meth, "ceil")) r = ceil(x * m) / m;
         else if (!strcmp(meth, "floor")) r = floor(x * m) / m;
         else r = nearbyint(x * m) / m;
@@ -3999,6 +4012,8 @@ static int apply_filter(struct ctx *c, struct scope *sc, const struct node *at, 
             struct val k = l->v[i];
             if (attr && (rc = attr_path(c, at, &l->v[i], attr, &k)))
                 return rc;
+            if (k.t == V_DICT || k.t == V_LIST || k.t == V_NS)
+                return rt_fail(c, at, STRATA_E_INVALID, "unhashable type: '%s'", type_name(&k));
             if (ci && k.t == V_STR && (rc = case_map(c, at, &k, 0, &k)))
                 return rc;
             int seen = 0;
@@ -4071,6 +4086,10 @@ static int apply_filter(struct ctx *c, struct scope *sc, const struct node *at, 
             *out = undef_hint("no items");
             return 0;
         }
+        for (size_t i = 0; i < l->n; i++)
+            if (l->v[i].t == V_DICT || l->v[i].t == V_NS)
+                return rt_fail(c, at, STRATA_E_INVALID,
+                               "'<' not supported between instances of 'dict' and 'dict'");
         size_t best = 0;
         for (size_t i = 1; i < l->n; i++) {
             struct val x = l->v[i], y = l->v[best];
@@ -4085,6 +4104,11 @@ static int apply_filter(struct ctx *c, struct scope *sc, const struct node *at, 
     }
     if (!strcmp(name, "indent")) {
         struct val s;
+        if (v->t == V_UNDEF)
+            return undefined_error(c, at, v);
+        if (v->t != V_STR) /* jinja2 appends "\n" to the value itself */
+            return rt_fail(c, at, STRATA_E_INVALID, "unsupported operand type(s) for +=: '%s' and 'str'",
+                           type_name(v));
         if ((rc = to_str(c, at, v, &s)))
             return rc;
         const struct val *w = arg(a, 0, "width"), *fi = arg(a, 1, "first"), *bl = arg(a, 2, "blank");
@@ -4344,7 +4368,9 @@ static int percent_format(struct ctx *c, const struct node *at, const struct val
         (void)tmpv;
         s = q;
     }
-    if (!rc && ai < nargs && !used_map && !(nargs == 1 && mapping))
+    /* Python treats a single non-tuple argument with __getitem__ (a list, a dict) as a
+     * mapping: unused, it is no error */
+    if (!rc && ai < nargs && !used_map && !(nargs == 1 && (mapping || args[0].t == V_LIST)))
         rc = rt_fail(c, at, STRATA_E_INVALID, "not all arguments converted during string formatting");
     if (!rc)
         rc = mkstr(c, at, b.p ? b.p : "", b.n, out);

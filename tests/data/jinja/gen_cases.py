@@ -205,6 +205,11 @@ CASES = [
     "{{ 'upper' is filter }} {{ 'fromjson' is filter }} {{ 'defined' is test }} {{ n is test }}",
     "{{ msgs | selectattr('role', '==', 'user') | list | length }} {{ l | select('>', 1) | list }}",
     "{% set schema = {'type': 'array', 'items': {'type': 'string'}, 'get': 1} %}{% for k, v in schema.items() %}{{ k }}={{ v }};{% endfor %} {{ schema.get('type') }} {{ schema['items'] }}",
+    # found by random differential testing against jinja2
+    "{{ (true * (n | safe)) | count }} {{ [1, 2] | trim | title is lower }} {{ 'ab' is lower }} {{ '12' is lower }} {{ n | round }} {{ f | round }} {{ 'abc' % [1] }}",
+    "{{ none | reject('none') | list }} {{ false | map('string') | list }} {{ 0 | select | list }} {{ '' | selectattr('x') | list }}",
+    "{{ n | indent(2) }}",
+    "{{ msgs | unique | list }}",
     # errors
     "{{ raise_exception('custom failure: ' ~ n) }}",
     "{% if n > 5 %}{{ raise_exception('too big') }}{% endif %}",
