@@ -559,14 +559,16 @@ static int lex(struct lexer *lx)
         }
         int os, cs;
         size_t after;
-        if (kind == '%' && match_word_tag(s, len, q, "raw", &after, &os, &cs)) {
-            /* raw: everything up to {% endraw %} is text */
+        if (kind == '%' && match_word_tag(s, len, q, "raw", &after, &os, &cs) && cs != '+') {
+            /* raw: everything up to {% endraw %} is text.  jinja2 trims no newline
+             * after "{% raw %}" (only "-%}" strips), and knows no "+%}" there */
             size_t r = after;
-            if (cs == '-')
+            int raw_line_start = 0;
+            if (cs == '-') {
                 while (r < len && is_ws(s[r]))
                     r++;
-            else if (cs == 0 && r < len && s[r] == '\n')
-                r++;
+                raw_line_start = r > after && s[r - 1] == '\n';
+            }
             size_t e = r;
             for (;;) {
                 while (e + 1 < len && !(s[e] == '{' && s[e + 1] == '%'))
@@ -587,7 +589,7 @@ static int lex(struct lexer *lx)
                         size_t i = l;
                         while (i < te2 && (s[i] == ' ' || s[i] == '\t'))
                             i++;
-                        if (i == te2 && l > r)
+                        if (i == te2 && i > l && (l > r || raw_line_start))
                             te2 = l;
                     }
                     if ((rc = lx_text(lx, r, te2)))

@@ -223,9 +223,51 @@ CASES = [
 ]
 
 
+def whitespace_programs(n, seed):
+    """Random nestings of if/for/set/macro/raw with every whitespace-control marker and
+    newline placement: the lexer's trim_blocks/lstrip_blocks rules, byte for byte."""
+    import random
+    rnd = random.Random(seed)
+
+    def ws():
+        return rnd.choice(["", " ", "\n", "  \n", "\n  ", "\t", "\n\n", " x ", "\n  y\n"])
+
+    def o():
+        return rnd.choice(["{%", "{%-", "{%+"])
+
+    def c():
+        return rnd.choice(["%}", "-%}", "+%}"])
+
+    def vo():
+        return rnd.choice(["{{", "{{-"])
+
+    def vc():
+        return rnd.choice(["}}", "-}}"])
+
+    def stmt(d=0):
+        r = rnd.random()
+        if d > 2 or r < 0.3:
+            return ws() + rnd.choice([vo() + " i " + vc(), "txt", "{# c #}", "{#- c -#}",
+                                      vo() + " ns.x " + vc()]) + ws()
+        if r < 0.55:
+            return (ws() + o() + " if i is odd " + c() + stmt(d + 1) + o() + " else " + c()
+                    + stmt(d + 1) + o() + " endif " + c() + ws())
+        if r < 0.75:
+            return ws() + o() + " for i in range(3) " + c() + stmt(d + 1) + o() + " endfor " + c() + ws()
+        if r < 0.85:
+            return ws() + o() + " set ns.x = ns.x ~ 'a' " + c() + ws()
+        if r < 0.93:
+            return (ws() + o() + " macro m(i) " + c() + stmt(d + 1) + o() + " endmacro " + c()
+                    + vo() + " m(2) " + vc() + ws())
+        return ws() + o() + " raw " + rnd.choice(["%}", "-%}"]) + " {{ x }} " + o() + " endraw " + c() + ws()
+
+    return ["{% set ns = namespace(x='') %}{% set i = 1 %}" + "".join(stmt() for _ in range(3))
+            for _ in range(n)]
+
+
 def main():
     out = []
-    for src in CASES:
+    for src in CASES + whitespace_programs(60, 7):
         case = {"template": src, "vars": V}
         try:
             case["expected"] = env.from_string(src).render(**V)
