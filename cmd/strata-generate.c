@@ -17,6 +17,7 @@
 #include "gguf.h"
 #include "log.h"
 #include "pack.h"
+#include "expert_cache.h"
 #include "model.h"
 #include "pool.h"
 #include "sampler.h"
@@ -64,6 +65,16 @@ static const char usage_text[] =
     "      --draft MODEL       draft model GGUF with the same vocabulary\n"
     "      --spec-fixed        always draft up to T (no back-off when acceptance is low)\n"
     "      --stats             print speculative statistics to stderr\n"
+    "      --vram-budget-mib N VRAM to plan for (emulates a smaller card); default the\n"
+    "                          device's free VRAM minus --vram-reserve-mib\n"
+    "      --vram-reserve-mib N  VRAM left free for others (default 512)\n"
+    "      --adapt-every N     expert cache re-balance period in tokens (0 = static;\n"
+    "                          default 32)\n"
+    "      --pcie-frac auto|F  share of missed experts copied over PCIe, the rest on the\n"
+    "                          CPU (default auto: from the measured bandwidths)\n"
+    "      --pool-workers N    CPU threads computing missed experts (default --threads)\n"
+    "      --plan-only         print the memory plan for the budget and exit\n"
+    "      --save-profile FILE write the routing counts of this run (routing-profile.json)\n"
     "  -t, --threads N         worker threads (default: all CPUs)\n"
     "  -c, --ctx N             context size (default min(model's, 4096))\n"
     "      --prefill N         prompt chunk size (default 512)\n"
@@ -124,6 +135,10 @@ struct opts {
     const char *system;            /* --system TEXT */
     int spec_n, spec_mode, stats;  /* --spec T, --spec-mode, --stats */
     int spec_fixed;                /* --spec-fixed */
+    struct strata_ec_cfg ec_cfg;   /* expert cache options, for a GPU backend */
+    int plan_only;                 /* --plan-only */
+    const char *pcie_frac, *save_profile; /* --pcie-frac, --save-profile */
+    struct strata_ec_profile profile;     /* --save-profile counts */
     const char *draft;             /* --draft MODEL */
     const char *images[MAX_IMAGES]; /* --image FILE */
     int n_images;
@@ -973,6 +988,82 @@ static int run_serve_stdio(struct strata_engine *e, const struct strata_vocab *v
     return STRATA_EXIT_OK;
 }
 
+/* ---- the expert cache's memory plan and routing profiles ---- */
+
+/* Print the memory plan for the model's figures and the VRAM budget.  In a
+ * build without a GPU there is no free VRAM to read: --vram-budget-mib gives
+ * the card to plan for.  Returns an exit code. */
+static int run_plan(const struct opts *o, const struct strata_pack *pk)
+{
+    struct strata_err err = { 0 };
+    struct strata_pack_info pi;
+    struct strata_ec_plan_in in = { 0 };
+    struct strata_ec_mem_plan plan;
+    strata_pack_get_info(pk, 0, &pi);
+    uint32_t n_ctx = o->eo.n_ctx > 0 ? (uint32_t)o->eo.n_ctx
+                                     : (pi.n_ctx_train && pi.n_ctx_train < 4096 ? pi.n_ctx_train
+                                                                                : 4096);
+    strata_pack_get_info(pk, n_ctx, &pi);
+    in.dense_bytes = pi.dense_bytes;
+    in.expert_bytes = pi.expert_bytes_max;
+    in.kv_bytes_per_token = pi.kv_bytes_per_token;
+    in.scratch_bytes = pi.scratch_bytes;
+    in.n_ctx = n_ctx;
+    in.n_experts_total = pi.n_moe_layers * pi.n_expert;
+    in.n_expert_used = pi.n_expert_used;
+    in.vram_reserve = (uint64_t)o->ec_cfg.vram_reserve_mib << 20;
+    in.vram_budget = (uint64_t)o->ec_cfg.vram_budget_mib << 20;
+    if (!in.vram_budget) {
+        fprintf(stderr, PROG ": --plan-only: no GPU to read free VRAM from in this build; "
+                "give --vram-budget-mib\n");
+        return STRATA_EXIT_USAGE;
+    }
+    if (strata_ec_plan_compute(&in, &plan, &err))
+        return fail(&err);
+    fprintf(stderr, PROG ": memory plan at ctx %u (information: the CPU backend keeps every "
+            "weight in RAM)\n", n_ctx);
+    strata_ec_plan_print(stderr, &plan);
+    char line[160];
+    if (o->ec_cfg.pcie_frac >= 0)
+        fprintf(stderr, "pcie_frac %.2f (fixed)\n", o->ec_cfg.pcie_frac);
+    else
+        fprintf(stderr, "PCIe probe: not run (no GPU) -> pcie_frac from the probe at start\n");
+    strata_ec_fmt_filling(line, sizeof line, plan.n_slots, plan.cache);
+    fprintf(stderr, "%s\n", line);
+    return 0;
+}
+
+static void profile_trace(void *ctx, int il, int32_t pos0, int n_tok, int k, const int32_t *sel)
+{
+    (void)pos0;
+    strata_ec_profile_add(ctx, il, n_tok, k, sel);
+}
+
+/* --save-profile: count the routing of this run through the engine's trace. */
+static int profile_begin(struct opts *o, const struct strata_pack *pk, struct strata_err *err)
+{
+    struct strata_pack_info pi;
+    strata_pack_get_info(pk, 0, &pi);
+    if (!pi.n_expert)
+        return strata_err_set(err, STRATA_E_INVALID,
+                              "--save-profile: '%s' has no routed experts", o->model);
+    int rc = strata_ec_profile_init(&o->profile, (int)pi.n_layer, (int)pi.n_expert, err);
+    if (rc)
+        return rc;
+    o->eo.route_trace = profile_trace;
+    o->eo.route_trace_ctx = &o->profile;
+    return 0;
+}
+
+static int profile_end(struct opts *o, struct strata_err *err)
+{
+    int rc = strata_ec_profile_save(&o->profile, o->save_profile, err);
+    if (!rc)
+        fprintf(stderr, PROG ": routing profile of %llu tokens written to '%s'\n",
+                (unsigned long long)o->profile.tokens, o->save_profile);
+    return rc;
+}
+
 /* ---- mode: render a chat request with the chat template ---- */
 
 static int run_render_chat(const struct opts *o)
@@ -1059,6 +1150,8 @@ enum {
     OPT_SERVE_STDIO,
     OPT_RENDER_CHAT, OPT_CHAT_TEMPLATE, OPT_CHAT, OPT_SYSTEM,
     OPT_SPEC, OPT_SPEC_MODE, OPT_DRAFT, OPT_STATS, OPT_SPEC_FIXED,
+    OPT_VRAM_BUDGET, OPT_VRAM_RESERVE, OPT_ADAPT_EVERY, OPT_PCIE_FRAC, OPT_POOL_WORKERS,
+    OPT_PLAN_ONLY, OPT_SAVE_PROFILE,
     OPT_IMAGE, OPT_IMAGE_MAXP, OPT_MMPROJ, OPT_IMAGE_EMBD, OPT_IMAGE_MARKER, OPT_TOKEN_EMBD,
 };
 
@@ -1276,6 +1369,13 @@ int main(int argc, char **argv)
         {"draft", required_argument, NULL, OPT_DRAFT},
         {"stats", no_argument, NULL, OPT_STATS},
         {"spec-fixed", no_argument, NULL, OPT_SPEC_FIXED},
+        {"vram-budget-mib", required_argument, NULL, OPT_VRAM_BUDGET},
+        {"vram-reserve-mib", required_argument, NULL, OPT_VRAM_RESERVE},
+        {"adapt-every", required_argument, NULL, OPT_ADAPT_EVERY},
+        {"pcie-frac", required_argument, NULL, OPT_PCIE_FRAC},
+        {"pool-workers", required_argument, NULL, OPT_POOL_WORKERS},
+        {"plan-only", no_argument, NULL, OPT_PLAN_ONLY},
+        {"save-profile", required_argument, NULL, OPT_SAVE_PROFILE},
         {"image", required_argument, NULL, OPT_IMAGE},
         {"mmproj", required_argument, NULL, OPT_MMPROJ},
         {"image-max-pixels", required_argument, NULL, OPT_IMAGE_MAXP},
@@ -1290,6 +1390,7 @@ int main(int argc, char **argv)
     memset(&o, 0, sizeof o);
     strata_gen_params_init(&o.gp);
     strata_engine_opts_init(&o.eo);
+    strata_ec_cfg_init(&o.ec_cfg);
     int c, bad = 0;
     while (!bad && (c = getopt_long(argc, argv, "m:p:f:n:t:c:vh", longopts, NULL)) != -1) {
         switch (c) {
@@ -1381,6 +1482,33 @@ int main(int argc, char **argv)
         case OPT_DRAFT: o.draft = optarg; break;
         case OPT_STATS: o.stats = 1; break;
         case OPT_SPEC_FIXED: o.spec_fixed = 1; break;
+        case OPT_VRAM_BUDGET:
+            bad = parse_int("--vram-budget-mib", optarg, 1, 1 << 24,
+                            &o.ec_cfg.vram_budget_mib);
+            break;
+        case OPT_VRAM_RESERVE:
+            bad = parse_int("--vram-reserve-mib", optarg, 0, 1 << 24,
+                            &o.ec_cfg.vram_reserve_mib);
+            break;
+        case OPT_ADAPT_EVERY:
+            bad = parse_int("--adapt-every", optarg, 0, 1 << 30, &o.ec_cfg.adapt_every);
+            break;
+        case OPT_PCIE_FRAC: {
+            struct strata_err pe = { 0 };
+            double f = 1;
+            o.pcie_frac = optarg;
+            if (strata_ec_parse_pcie_frac(optarg, -1, -1, &f, &pe)) {
+                fprintf(stderr, PROG ": %s\n", pe.msg);
+                bad = 1;
+            }
+            o.ec_cfg.pcie_frac = strcmp(optarg, "auto") ? f : -1;
+            break;
+        }
+        case OPT_POOL_WORKERS:
+            bad = parse_int("--pool-workers", optarg, 0, 512, &o.ec_cfg.pool_workers);
+            break;
+        case OPT_PLAN_ONLY: o.plan_only = 1; break;
+        case OPT_SAVE_PROFILE: o.save_profile = optarg; break;
         case OPT_IMAGE:
             if (o.n_images == MAX_IMAGES) {
                 fprintf(stderr, PROG ": --image: at most %d images\n", MAX_IMAGES);
@@ -1443,6 +1571,19 @@ int main(int argc, char **argv)
         goto out;
     }
     o.gguf = g;
+    o.ec_cfg.stats = o.stats;
+    o.eo.backend_cfg = &o.ec_cfg;
+    if (o.plan_only || o.ec_cfg.vram_budget_mib) {
+        ret = run_plan(&o, pk);
+        if (ret || o.plan_only)
+            goto out;
+    }
+    if (o.save_profile) {
+        if (profile_begin(&o, pk, &err)) {
+            ret = fail(&err);
+            goto out;
+        }
+    }
     if (strata_engine_open_gguf(&e, g, &o.eo, &err)) {
         strata_err_wrap(&err, "'%s': ", o.model);
         ret = fail(&err);
@@ -1458,7 +1599,10 @@ int main(int argc, char **argv)
         ret = run_perplexity(&o, e, v);
     else
         ret = run_generate(&o, e, v);
+    if (o.save_profile && ret == 0 && profile_end(&o, &err))
+        ret = fail(&err);
 out:
+    strata_ec_profile_free(&o.profile);
     strata_engine_close(e);
     strata_vocab_free(v);
     strata_pack_close(pk);

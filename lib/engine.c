@@ -124,6 +124,9 @@ struct cpu_state {
     int profile;
     double prof[PROF_N];
     long prof_tok;
+    void (*route_trace)(void *, int, int32_t, int, int, const int32_t *);
+    void *route_trace_ctx;
+    int32_t pos0;       /* of the forward call, for route_trace */
 };
 
 static void cpu_free(void *state)
@@ -277,6 +280,8 @@ static int cpu_init(void **state, const struct strata_model *m,
     s->n_ub = o->n_prefill;
     s->kv_f16 = o->kv_type == STRATA_KV_F16;
     s->kv_elt = s->kv_f16 ? 2 : 4;
+    s->route_trace = o->route_trace;
+    s->route_trace_ctx = o->route_trace_ctx;
     const char *pe = getenv("STRATA_PROFILE");
     s->profile = pe && *pe && strcmp(pe, "0") != 0;
     const struct strata_hparams *hp = &m->hp;
@@ -879,6 +884,8 @@ static void moe_ffn(struct cpu_state *s, int il, int n_tok)
     mm_run(s, tk, 1);
     for (int t = 0; t < n_tok; t++)
         route(hp, s->router + (size_t)t * X, s->sel + (size_t)t * K, s->selw + (size_t)t * K);
+    if (s->route_trace)
+        s->route_trace(s->route_trace_ctx, il, s->pos0, n_tok, K, s->sel);
     /* group (token, slot) pairs by expert, in (token, slot) order inside each */
     memset(s->ecount, 0, sizeof(int32_t) * (X + 1));
     for (int i = 0; i < n_tok * K; i++)
@@ -1000,6 +1007,7 @@ static int cpu_forward(void *state, const struct strata_batch *b, float *logits,
     const int64_t qd = (int64_t)nh * hk, od = (int64_t)nh * hp->n_embd_head_v;
     double t0 = s->profile ? now_ms() : 0, t1;
     (void)err;
+    s->pos0 = pos0;
 #define PROF(slot)                          \
     do {                                    \
         if (s->profile) {                   \

@@ -45,6 +45,13 @@ struct strata_engine_opts {
     void *backend_cfg;       /* backend-specific options (e.g. expert cache), opaque here */
     const struct strata_pack *pack; /* routed experts from this pack (lib/pack.h: its
                                        experts.bin when repacked); NULL: from the GGUF */
+    /* Routing trace (CPU backend): called after each MoE layer's routing of a
+     * forward call with sel [n_tok, n_expert_used] expert ids of positions
+     * pos0 .. pos0 + n_tok - 1 (valid during the call only).  NULL = none.
+     * Routing profiles and the expert cache's replay tests are built on it. */
+    void (*route_trace)(void *ctx, int il, int32_t pos0, int n_tok, int n_expert_used,
+                        const int32_t *sel);
+    void *route_trace_ctx;
 };
 
 /* Fill o with the defaults above. */
