@@ -414,8 +414,9 @@ static double replay(const struct trace *t, int n_slots, int policy, double frac
             why = err.msg;
         /* prefetch for the next layer while this one computes: the experts the
          * previous token used there (the bookkeeping path; a router-based
-         * prediction feeds the same call) */
-        if (r + 1 < t->n && r >= t->L) {
+         * prediction feeds the same call); only in the pcie_frac 0.5 runs, so
+         * the reported hit rates (pcie_frac 1) are those of replacement alone */
+        if (frac == 0.5 && r + 1 < t->n && r >= t->L) {
             const int32_t *nxt = t->sel + t->off[r + 1 - t->L];
             int nk = t->n_tok[r + 1 - t->L] == 1 ? t->K : 0;
             int np = strata_ec_prefetch(ec, t->il[r + 1], nxt, nk, fl, fl + LX);
