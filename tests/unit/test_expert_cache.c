@@ -306,6 +306,82 @@ static void test_profile_and_plan(void)
     ok(strata_ec_parse_pcie_frac("1.2", 0, 0, &fr, &err) == STRATA_E_INVALID, "1.2 refused");
 }
 
+/* Static (adapt_every 0) keeps the initial fill; adapt_every N swaps a hot
+ * expert in at the next re-balance; a router-predicted prefetch lands in a
+ * slot and its later hit is counted. */
+static void test_adapt_and_prefetch(void)
+{
+    struct strata_err err = {0};
+    for (int adapt = 0; adapt <= 4; adapt += 4) {
+        struct strata_ec_opts o;
+        struct strata_expert_cache *ec = NULL;
+        strata_ec_opts_init(&o);
+        o.n_layer = 1; o.n_expert = 8; o.n_expert_used = 1; o.n_slots = 2;
+        o.adapt_every = adapt; o.pcie_frac = 0; o.decay = 0.9;
+        if (!ok(strata_ec_create(&ec, &o, &err) == 0, "create adapt_every %d", adapt))
+            return;
+        int32_t il[2], ie[2], sl[2];
+        int n = strata_ec_initial_fill(ec, 2, il, ie, sl);
+        for (int i = 0; i < n; i++)
+            strata_ec_fill_done(ec, sl[i], &err);
+        int hot = 0;
+        while (hot == ie[0] || hot == ie[1])
+            hot++;
+        struct strata_ec_plan p;
+        int swaps = 0;
+        for (int t = 0; t < 12; t++) {
+            int32_t sel[1] = {hot};
+            if (strata_ec_lookup(ec, 0, 1, sel, &p, &err))
+                break;
+            strata_ec_release(ec, &p);
+            int nr = strata_ec_rebalance(ec, 2, il, ie, sl);
+            for (int i = 0; i < nr; i++)
+                strata_ec_fill_done(ec, sl[i], &err);
+            swaps += nr;
+        }
+        int st;
+        int slot = strata_ec_slot_of(ec, 0, hot, &st);
+        if (adapt == 0)
+            ok(swaps == 0 && slot < 0, "adapt_every 0: the fill stays (CPU misses never enter)");
+        else
+            ok(swaps >= 1 && slot >= 0 && st == STRATA_EC_SLOT_RESIDENT,
+               "adapt_every 4: a hot expert computed on the CPU is swapped in (%d swaps)", swaps);
+        strata_ec_free(ec);
+    }
+
+    struct strata_ec_opts o;
+    struct strata_expert_cache *ec = NULL;
+    strata_ec_opts_init(&o);
+    o.n_layer = 2; o.n_expert = 8; o.n_expert_used = 2; o.n_slots = 4; o.expert_bytes = 100;
+    if (!ok(strata_ec_create(&ec, &o, &err) == 0, "create for prefetch"))
+        return;
+    float lg[8] = {0, 0, 3, 0, 0, 5, 0, 0};
+    int32_t cand[2], pe[2], ps[2];
+    int nc = strata_ec_predict(lg, 8, 2, cand);
+    int np = strata_ec_prefetch(ec, 1, cand, nc, pe, ps);
+    ok(np == 2 && pe[0] == 5 && pe[1] == 2, "prefetch copies the predicted experts 5, 2");
+    ok(strata_ec_prefetch(ec, 1, cand, nc, pe, ps) == 0, "a second prefetch copies nothing");
+    struct strata_ec_plan p;
+    int32_t sel[2] = {5, 2};
+    ok(strata_ec_lookup(ec, 1, 1, sel, &p, &err) == 0 && p.n_hit == 2,
+       "the next layer's lookup hits the prefetched (in-flight) experts");
+    strata_ec_release(ec, &p);
+    const struct strata_ec_layer_stats *s1 = strata_ec_stats(ec, 1);
+    ok(s1->prefetches == 2 && s1->prefetch_used == 2 && s1->pcie_bytes == 200,
+       "prefetch statistics: 2 copies, 2 used, 200 bytes");
+    FILE *f = tmpfile();
+    char txt[2048] = "";
+    if (f) {
+        strata_ec_stats_print(f, ec);
+        rewind(f);
+        size_t r = fread(txt, 1, sizeof txt - 1, f);
+        txt[r] = 0;
+        fclose(f);
+    }
+    ok(strstr(txt, "100.00") != NULL, "stats print shows layer 1's 100%% hit rate");
+    strata_ec_free(ec);
+}
+
 /* ---- replay of recorded routing ---- */
 
 struct trace {
@@ -580,6 +656,7 @@ int main(void)
     test_basic();
     test_split_and_predict();
     test_profile_and_plan();
+    test_adapt_and_prefetch();
     test_replay();
     return tap_done();
 }
