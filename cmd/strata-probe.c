@@ -12,15 +12,20 @@
 #include "probe.h"
 
 static const char usage_text[] =
-    "usage: strata-probe [--json] [--quick] [--timeout MS]\n"
+    "usage: strata-probe [--json] [--quick] [--timeout MS] [--no-selftest]\n"
+    "                    [--selftest-timeout MS]\n"
     "\n"
     "  --json        print the report as JSON (schema strata-probe/1)\n"
     "  --quick       skip the bandwidth measurements\n"
     "  --timeout MS  watchdog for the GPU runtime queries (default 20000)\n"
+    "  --no-selftest skip the kernel self-test of GPU builds\n"
+    "  --selftest-timeout MS\n"
+    "                deadline of each self-test kernel (default 3000)\n"
     "  -h, --help    show this help\n"
     "\n"
     "exit status: 0 a usable GPU, or no GPU at all (CPU backend); 4 a GPU is\n"
-    "present but none is usable, or the GPU runtime crashed or hung; 1 the probe\n"
+    "present but none is usable (unsupported, or failed the kernel self-test), or\n"
+    "the GPU runtime crashed or hung; 1 the probe\n"
     "itself failed.\n";
 
 int main(int argc, char **argv)
@@ -30,6 +35,8 @@ int main(int argc, char **argv)
         {"json", no_argument, NULL, 'j'},
         {"quick", no_argument, NULL, 'q'},
         {"timeout", required_argument, NULL, 't'},
+        {"no-selftest", no_argument, NULL, 'n'},
+        {"selftest-timeout", required_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -40,14 +47,20 @@ int main(int argc, char **argv)
         switch (c) {
         case 'j': json = 1; break;
         case 'q': opts.quick = 1; break;
+        case 'n': opts.no_selftest = 1; break;
+        case 's':
         case 't': {
             char *end;
             long v = strtol(optarg, &end, 10);
             if (*end || v <= 0 || v > 600000) {
-                fprintf(stderr, "strata-probe: invalid --timeout '%s'\n", optarg);
+                fprintf(stderr, "strata-probe: invalid --%s '%s'\n",
+                        c == 't' ? "timeout" : "selftest-timeout", optarg);
                 return STRATA_EXIT_USAGE;
             }
-            opts.timeout_ms = (int)v;
+            if (c == 't')
+                opts.timeout_ms = (int)v;
+            else
+                opts.selftest_timeout_ms = (int)v;
             break;
         }
         case 'h': fputs(usage_text, stdout); return STRATA_EXIT_OK;

@@ -217,6 +217,7 @@ const char *strata_probe_status_name(int status)
     case STRATA_PROBE_SUPPORTED: return "supported";
     case STRATA_PROBE_UNSUPPORTED: return "unsupported";
     case STRATA_PROBE_NOT_VISIBLE: return "not visible";
+    case STRATA_PROBE_FAILED: return "failed";
     default: return "unknown";
     }
 }
@@ -793,6 +794,9 @@ static void classify(const struct strata_probe_report *r, struct strata_probe_de
     }
 }
 
+static int run_selftests(struct strata_probe_report *r, const struct strata_probe_opts *o,
+                         struct strata_err *err);
+
 int strata_probe_run(struct strata_probe_report *r, const struct strata_probe_opts *o,
                      struct strata_err *err)
 {
@@ -851,8 +855,12 @@ int strata_probe_run(struct strata_probe_report *r, const struct strata_probe_op
     munmap(co, sizeof(*co));
 
     double best_h2d = -1;
-    for (int i = 0; i < r->n_devices; i++) {
+    for (int i = 0; i < r->n_devices; i++)
         classify(r, &r->devices[i]);
+    int rc = run_selftests(r, o, err);
+    if (rc)
+        return rc;
+    for (int i = 0; i < r->n_devices; i++) {
         if (r->devices[i].status == STRATA_PROBE_SUPPORTED) {
             r->usable_devices++;
             if (r->devices[i].h2d_pinned > best_h2d)
@@ -860,6 +868,68 @@ int strata_probe_run(struct strata_probe_report *r, const struct strata_probe_op
         }
     }
     r->pcie_frac = strata_probe_pcie_frac(best_h2d, r->cpu.mem_read_gbs);
+    return 0;
+}
+
+/* ---- kernel self-test ------------------------------------------------- */
+
+/* The fake table of the selftest-pass / selftest-fail injections. */
+static int fake_kernel(int dev, int arg, char *shapes, size_t sc, char *msg, size_t mc)
+{
+    snprintf(shapes, sc, "n=%d dev=%d", 64 + arg, dev);
+    if (arg == 1 && injected("selftest-fail")) {
+        snprintf(msg, mc, "differs from the CPU reference: at 3 gpu 1.5 ref -0.25 (injected "
+                 "fault)");
+        return STRATA_SELFTEST_WRONG;
+    }
+    return 0;
+}
+
+static const struct strata_selftest_case fake_cases[] = {
+    {"rms_norm", fake_kernel, 0},
+    {"matvec Q4_K", fake_kernel, 1},
+};
+
+/* Run the self-test on every supported device of the table's API; a device that fails
+ * becomes STRATA_PROBE_FAILED. */
+static int run_selftests(struct strata_probe_report *r, const struct strata_probe_opts *o,
+                         struct strata_err *err)
+{
+    static const struct strata_selftest_table fake = {"cuda", fake_cases, 2, NULL};
+    const struct strata_selftest_table *t = strata_selftest_gpu_table();
+    if (injected("selftest-pass") || injected("selftest-fail"))
+        t = &fake;
+    const char *why = NULL;
+    if (o && o->no_selftest)
+        why = "skipped (--no-selftest)";
+    else if (!t)
+        why = "this build has no GPU kernels (CPU build; `make cuda` or `make hip`)";
+    struct strata_selftest_opts so = {o ? o->selftest_timeout_ms : 0, 0};
+    for (int i = 0; i < r->n_devices; i++) {
+        struct strata_probe_device *d = &r->devices[i];
+        struct strata_selftest_report *st = &d->selftest;
+        memset(st, 0, sizeof(*st));
+        if (why)
+            copy_str(st->not_run, sizeof(st->not_run), why);
+        else if (d->status != STRATA_PROBE_SUPPORTED)
+            copy_str(st->not_run, sizeof(st->not_run), "the device is not supported");
+        else if (strcmp(d->api, t->api) != 0)
+            snprintf(st->not_run, sizeof(st->not_run), "the self-test of this build is for %s",
+                     t->api);
+        if (st->not_run[0])
+            continue;
+        int rc = strata_selftest_run_table(t, d->index, &so, st, err);
+        if (rc)
+            return rc;
+        r->selftest_ran = 1;
+        if (st->n_failed) {
+            d->status = STRATA_PROBE_FAILED;
+            strata_selftest_summary(st, d->reason, sizeof(d->reason));
+        }
+    }
+    if (!r->selftest_ran)
+        copy_str(r->selftest_note, sizeof(r->selftest_note),
+                 why ? why : "no supported GPU device of this build's API");
     return 0;
 }
 
@@ -887,6 +957,42 @@ static void fmt_version(char *buf, size_t cap, int v)
         snprintf(buf, cap, "unknown");
     else
         snprintf(buf, cap, "%d.%d", v / 1000, v % 1000 / 10);
+}
+
+/* "selftest: passed (N kernels)" and the kernels, failures one per line. */
+static void print_selftest(FILE *f, const struct strata_selftest_report *st)
+{
+    if (!st->ran) {
+        fprintf(f, "    selftest: not run: %s\n", st->not_run);
+        return;
+    }
+    double ms = 0;
+    for (int i = 0; i < st->n; i++)
+        ms += st->r[i].ms;
+    if (st->n_failed)
+        fprintf(f, "    selftest: FAILED for %d of %d kernels (%.2f s)\n", st->n_failed, st->n,
+                ms / 1000);
+    else
+        fprintf(f, "    selftest: passed (%d kernels, %.2f s)\n", st->n, ms / 1000);
+    for (int i = 0; i < st->n; i++)
+        if (!st->r[i].pass)
+            fprintf(f, "      FAIL %s [%s]: %s\n", st->r[i].kernel, st->r[i].shapes,
+                    st->r[i].error);
+    int col = 0;
+    for (int i = 0; i < st->n; i++) {
+        if (!st->r[i].pass)
+            continue;
+        size_t n = strlen(st->r[i].kernel);
+        if (col == 0 || col + n + 2 > 92) {
+            fprintf(f, "%s      ok: %s", col ? "\n" : "", st->r[i].kernel);
+            col = 10 + (int)n;
+        } else {
+            fprintf(f, ", %s", st->r[i].kernel);
+            col += 2 + (int)n;
+        }
+    }
+    if (col)
+        fprintf(f, "\n");
 }
 
 void strata_probe_print(FILE *f, const struct strata_probe_report *r)
@@ -953,6 +1059,7 @@ void strata_probe_print(FILE *f, const struct strata_probe_report *r)
             fprintf(f, "    pci:      %s %s\n", d->pci_bus_id, d->link);
         if (d->query_error[0] && d->status != STRATA_PROBE_UNKNOWN)
             fprintf(f, "    error:    %s\n", d->query_error);
+        print_selftest(f, &d->selftest);
         if (d->h2d_pinned >= 0 || d->h2d_pageable >= 0) {
             fmt_gbs(a, sizeof(a), d->h2d_pinned);
             fmt_gbs(b, sizeof(b), d->d2h_pinned);
@@ -973,6 +1080,8 @@ void strata_probe_print(FILE *f, const struct strata_probe_report *r)
         fprintf(f, "\n");
     } else if (r->n_devices > 0) {
         fprintf(f, "  a GPU is present but none is usable by this build; see the reasons above\n");
+        if (!r->selftest_ran && r->selftest_note[0])
+            fprintf(f, "  kernel self-test not run: %s\n", r->selftest_note);
     } else if (r->child_error[0]) {
         fprintf(f, "  the GPU runtime failed (see the error above): GPUs cannot be used\n");
     } else {
@@ -1061,8 +1170,32 @@ char *strata_probe_json(const struct strata_probe_report *r)
         cJSON_AddItemToObject(bw, "d2h_both", num_or_null(d->d2h_both, d->d2h_both >= 0));
         if (d->query_error[0])
             cJSON_AddStringToObject(o, "error", d->query_error);
+        cJSON *st = cJSON_AddArrayToObject(o, "selftest");
+        for (int k = 0; k < d->selftest.n; k++) {
+            const struct strata_selftest_result *sr = &d->selftest.r[k];
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "kernel", sr->kernel);
+            cJSON_AddStringToObject(e, "shapes", sr->shapes);
+            cJSON_AddBoolToObject(e, "pass", sr->pass);
+            cJSON_AddNumberToObject(e, "ms", sr->ms);
+            if (sr->pass)
+                cJSON_AddNullToObject(e, "error");
+            else
+                cJSON_AddStringToObject(e, "error", sr->error);
+            cJSON_AddItemToArray(st, e);
+        }
+        if (d->selftest.ran)
+            cJSON_AddNullToObject(o, "selftest_not_run");
+        else
+            cJSON_AddStringToObject(o, "selftest_not_run", d->selftest.not_run);
         cJSON_AddItemToArray(devs, o);
     }
+    cJSON *sto = cJSON_AddObjectToObject(root, "selftest");
+    cJSON_AddBoolToObject(sto, "run", r->selftest_ran);
+    if (r->selftest_ran)
+        cJSON_AddNullToObject(sto, "reason");
+    else
+        cJSON_AddStringToObject(sto, "reason", r->selftest_note);
     cJSON_AddNumberToObject(root, "usable_devices", r->usable_devices);
     cJSON_AddItemToObject(root, "pcie_frac", num_or_null(r->pcie_frac, r->pcie_frac >= 0));
     const char *backend = "cpu";

@@ -13,6 +13,13 @@
  *   hang          the device child hangs (exercises the watchdog)
  *   crash         the device child dies of SIGSEGV
  *   fake-cuda     report one fake CUDA device (sm_90, 8 GiB) without a GPU
+ *   selftest-pass run a fake two-kernel self-test table instead of the build's
+ *   selftest-fail the same with its second kernel failing (with selftest-pass: the
+ *                 reporting of the kernel self-test, tested without a GPU)
+ *
+ * Kernel self-test (selftest.h): in a GPU build every supported device of the
+ * build's API runs it after the queries; a device that fails it becomes
+ * STRATA_PROBE_FAILED with the summary as its reason and is not usable.
  */
 #ifndef STRATA_PROBE_H
 #define STRATA_PROBE_H
@@ -21,6 +28,7 @@
 #include <stdio.h>
 
 #include "err.h"
+#include "selftest.h"
 
 #define STRATA_PROBE_MAX_DEVICES 16
 #define STRATA_PROBE_MAX_LIBS 8
@@ -50,6 +58,7 @@ enum strata_probe_status {
     STRATA_PROBE_UNSUPPORTED,
     STRATA_PROBE_NOT_VISIBLE,
     STRATA_PROBE_UNKNOWN,
+    STRATA_PROBE_FAILED,      /* supported, but failed the kernel self-test */
 };
 
 struct strata_probe_device {
@@ -70,6 +79,7 @@ struct strata_probe_device {
     double h2d_both, d2h_both; /* both directions at once, pinned */
     char link[64];        /* "PCIe gen 5 x16" where the platform says; "" */
     char query_error[256];/* first failing runtime call and its message */
+    struct strata_selftest_report selftest; /* .ran = 0 with .not_run when not run */
 };
 
 struct strata_probe_report {
@@ -85,13 +95,17 @@ struct strata_probe_report {
     char build_backends[64];  /* backends this build has kernels for ("cpu", "cpu cuda") */
     char build_archs[256];    /* archs compiled into the GPU plugins, from BUILD.json */
     double pcie_frac;         /* what the engine would choose; -1 without a GPU */
-    int usable_devices;       /* devices that are supported */
+    int usable_devices;       /* devices that are supported (and passed the self-test) */
+    int selftest_ran;         /* the self-test ran on at least one device */
+    char selftest_note[160];  /* why it did not run on any device ("" when it did) */
 };
 
 struct strata_probe_opts {
     int quick;          /* skip bandwidth measurements */
     int timeout_ms;     /* watchdog for the GPU query child; 0 = 20000 */
     const char *exe_dir;/* directory of the running program (BUILD.json, plugins) */
+    int no_selftest;    /* skip the kernel self-test */
+    int selftest_timeout_ms; /* deadline of each self-test kernel; 0 = 3000 */
 };
 
 /* Fill *r.  Returns 0; errors in individual queries are recorded in the

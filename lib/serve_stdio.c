@@ -676,3 +676,17 @@ int strata_serve_stdio(struct strata_engine *e, const struct strata_vocab *v,
     strata_proto_reader_free(&L.rd);
     return rc;
 }
+
+int strata_serve_stdio_error(int fd, int code, const char *msg, struct strata_err *err)
+{
+    struct strata_serve_stdio_opts o;
+    strata_serve_stdio_opts_init(&o);
+    o.out_fd = fd;
+    struct loop L;
+    memset(&L, 0, sizeof(L));
+    L.o = &o;
+    int rc = emit_error(&L, NULL, code, msg);
+    if (rc && err)
+        *err = L.werr;
+    return rc;
+}

@@ -38,4 +38,9 @@ void strata_serve_stdio_opts_init(struct strata_serve_stdio_opts *o);
 int strata_serve_stdio(struct strata_engine *e, const struct strata_vocab *v,
                        const struct strata_serve_stdio_opts *o, struct strata_err *err);
 
+/* Write one error event {"type":"error","code":CODE,"msg":MSG} (no id) to fd: what
+ * an engine that refuses to start (e.g. its GPU failed the kernel self-test) says
+ * before it exits.  Returns 0, STRATA_E_NOMEM or STRATA_E_IO. */
+int strata_serve_stdio_error(int fd, int code, const char *msg, struct strata_err *err);
+
 #endif

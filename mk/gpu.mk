@@ -27,6 +27,14 @@ GPU_HDRS    := $(wildcard kernels/*.h kernels/*.cuh)
 GPU_CXXFLAGS_COMMON := -O3 -std=c++17 -Ilib -Ikernels
 NVCC_FLAGS  := $(GPU_CXXFLAGS_COMMON) -Xcompiler -Wall,-Wextra,-fPIC -Werror all-warnings
 HIPCC_FLAGS := $(GPU_CXXFLAGS_COMMON) -x hip -Wall -Wextra -Werror -fPIC
+# Test builds only: `make B=dir cuda STRATA_BREAK_KERNEL=rms_norm [STRATA_BREAK_MODE=wrong|
+# fault|hang]` breaks that kernel's self-test case on purpose (kernels/selftest.cu).
+ifneq ($(STRATA_BREAK_KERNEL),)
+ST_BREAK    := -DSTRATA_BREAK_KERNEL='"$(STRATA_BREAK_KERNEL)"' \
+               $(if $(STRATA_BREAK_MODE),-DSTRATA_BREAK_MODE='"$(STRATA_BREAK_MODE)"')
+NVCC_FLAGS  += $(ST_BREAK)
+HIPCC_FLAGS += $(ST_BREAK)
+endif
 CUDA_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
                 -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
 HIP_OFFLOAD := $(foreach a,$(subst $(,), ,$(HIP_ARCH)),--offload-arch=$(a))

@@ -38,6 +38,22 @@ STRATA_PROBE_INJECT=crash timeout 30 "$P" --quick >"$T/out" 2>&1; rc=$?
 check "crashing runtime: exit 4" test $rc -eq 4
 check "crashing runtime reported" grep -q 'GPU runtime query crashed' "$T/out"
 
+"$P" --selftest-timeout 0 >/dev/null 2>"$T/err"; rc=$?
+check "bad --selftest-timeout exits 2" test $rc -eq 2
+check "bad --selftest-timeout named" grep -q "invalid --selftest-timeout '0'" "$T/err"
+
+STRATA_PROBE_INJECT=no-runtime "$P" --quick --no-selftest --json >"$T/json" 2>&1; rc=$?
+check "--no-selftest accepted: exit 0" test $rc -eq 0
+check "--no-selftest: JSON says skipped" grep -q '"reason":[[:space:]]*"skipped (--no-selftest)"' "$T/json"
+STRATA_PROBE_INJECT=no-runtime "$P" --quick --json >"$T/json" 2>&1
+if grep -q '"backends":[[:space:]]*"cpu"' "$T/json"; then
+    check "CPU build: JSON says the self-test was not run and why" \
+        grep -q '"reason":[[:space:]]*"this build has no GPU kernels' "$T/json"
+fi
+STRATA_PROBE_INJECT=fake-cuda,selftest-fail "$P" --quick >"$T/out" 2>&1; rc=$?
+check "fake device without kernels: self-test not run, exit 4" test $rc -eq 4
+check "report has a selftest line" grep -q '    selftest: not run' "$T/out"
+
 "$P" --quick >"$T/out" 2>&1; rc=$?
 check "real run on this machine does not fail" test $rc -eq 0 -o $rc -eq 4
 done_testing

@@ -18,30 +18,8 @@ extern "C" {
 #include "tap.h"
 }
 
-static uint64_t kt_rng = 0x9e3779b97f4a7c15ull;
-
-static uint32_t kt_u32(void)
-{
-    kt_rng ^= kt_rng << 13;
-    kt_rng ^= kt_rng >> 7;
-    kt_rng ^= kt_rng << 17;
-    return (uint32_t)(kt_rng >> 16);
-}
-
-/* Uniform in [lo, hi). */
-static float kt_unif(float lo, float hi)
-{
-    return lo + (hi - lo) * (float)(kt_u32() & 0xffffff) / 16777216.0f;
-}
-
-/* Random, never exactly zero: |v| in [0.05, 1) * scale, random sign. */
-static void kt_fill(float *v, size_t n, float scale)
-{
-    for (size_t i = 0; i < n; i++) {
-        float a = kt_unif(0.05f, 1.0f) * scale;
-        v[i] = (kt_u32() & 1) ? -a : a;
-    }
-}
+/* kt_u32, kt_unif, kt_fill, kt_err, kt_random_rows: kernels/kref.h */
+#include "kref.h"
 
 #define KT_CUDA(call)                                                                        \
     do {                                                                                     \
@@ -76,23 +54,6 @@ static void kt_down(void *h, const void *d, size_t bytes)
 static void kt_poison(void *d, size_t bytes)
 {
     KT_CUDA(cudaMemset(d, 0xff, bytes));
-}
-
-/* Max of |a - b| / (atol + rtol * |b|) over n values; NaN in a counts as infinite. */
-static double kt_err(const float *a, const float *b, size_t n, double atol, double rtol,
-                     size_t *worst)
-{
-    double m = 0;
-    *worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = isfinite(a[i]) ? fabs((double)a[i] - b[i]) / (atol + rtol * fabs(b[i]))
-                                  : INFINITY;
-        if (e > m || (isinf(e) && !isinf(m))) {
-            m = e;
-            *worst = i;
-        }
-    }
-    return m;
 }
 
 #endif

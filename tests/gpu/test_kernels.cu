@@ -5,84 +5,8 @@
  * Shapes include single blocks, odd row counts and large matrices. */
 #include "kt_common.h"
 
-/* Offsets of the f16 scale fields in a block, -1 terminated. */
-static const int *scale_offsets(uint32_t type)
-{
-    static const int at0[] = {0, -1}, at02[] = {0, 2, -1}, q2k[] = {80, 82, -1},
-                     q3k[] = {108, -1}, q6k[] = {208, -1}, none[] = {-1};
-    switch (type) {
-    case STRATA_TYPE_Q4_1: case STRATA_TYPE_Q5_1: case STRATA_TYPE_Q4_K: case STRATA_TYPE_Q5_K:
-        return at02;
-    case STRATA_TYPE_Q2_K: return q2k;
-    case STRATA_TYPE_Q3_K: return q3k;
-    case STRATA_TYPE_Q6_K: return q6k;
-    case STRATA_TYPE_IQ1_M: case STRATA_TYPE_MXFP4: return none;
-    default: return at0;
-    }
-}
-
-static void put_f16(uint8_t *p, float f)
-{
-    strata_f16 h = strata_f32_to_f16(f);
-    memcpy(p, &h, 2);
-}
-
-/* n_rows rows of ne0 random values of type; returns malloc'ed bytes. */
-static uint8_t *random_rows(uint32_t type, int64_t ne0, int64_t n_rows, size_t *row_bytes)
-{
-    size_t rb = strata_ggml_row_size(type, (uint64_t)ne0);
-    uint8_t *w = (uint8_t *)malloc(rb * (size_t)n_rows);
-    *row_bytes = rb;
-    if (type == STRATA_TYPE_F32 || type == STRATA_TYPE_F16 || type == STRATA_TYPE_BF16) {
-        int64_t n = ne0 * n_rows;
-        for (int64_t i = 0; i < n; i++) {
-            float f = kt_unif(-1.0f, 1.0f);
-            if (type == STRATA_TYPE_F32)
-                memcpy(w + 4 * i, &f, 4);
-            else if (type == STRATA_TYPE_F16)
-                put_f16(w + 2 * i, f);
-            else {
-                strata_bf16 b = strata_f32_to_bf16(f);
-                memcpy(w + 2 * i, &b, 2);
-            }
-        }
-        return w;
-    }
-    for (size_t i = 0; i < rb * (size_t)n_rows; i++)
-        w[i] = (uint8_t)kt_u32();
-    size_t bb = strata_ggml_type_size(type);
-    size_t nblk = rb * (size_t)n_rows / bb;
-    for (size_t b = 0; b < nblk; b++) {
-        uint8_t *blk = w + b * bb;
-        for (const int *o = scale_offsets(type); *o >= 0; o++) {
-            float s = kt_unif(0.002f, 0.02f);
-            put_f16(blk + *o, (kt_u32() & 1) ? -s : s);
-        }
-        if (type == STRATA_TYPE_IQ1_M) {
-            /* the f16 scale is the top nibbles of the four 16-bit scale words */
-            strata_f16 h = strata_f32_to_f16(kt_unif(0.002f, 0.02f));
-            for (int k = 0; k < 4; k++) {
-                uint16_t s;
-                memcpy(&s, blk + 48 + 2 * k, 2);
-                s = (uint16_t)((s & 0x0fff) | (((h >> (4 * k)) & 0xf) << 12));
-                memcpy(blk + 48 + 2 * k, &s, 2);
-            }
-        }
-        if (type == STRATA_TYPE_MXFP4)
-            blk[0] = (uint8_t)(118 + kt_u32() % 8); /* 2^-9 .. 2^-2 */
-    }
-    return w;
-}
-
-static const uint32_t all_types[] = {
-    STRATA_TYPE_F32, STRATA_TYPE_F16, STRATA_TYPE_BF16, STRATA_TYPE_Q4_0, STRATA_TYPE_Q4_1,
-    STRATA_TYPE_Q5_0, STRATA_TYPE_Q5_1, STRATA_TYPE_Q8_0, STRATA_TYPE_Q2_K, STRATA_TYPE_Q3_K,
-    STRATA_TYPE_Q4_K, STRATA_TYPE_Q5_K, STRATA_TYPE_Q6_K, STRATA_TYPE_IQ2_XXS,
-    STRATA_TYPE_IQ2_XS, STRATA_TYPE_IQ2_S, STRATA_TYPE_IQ3_XXS, STRATA_TYPE_IQ3_S,
-    STRATA_TYPE_IQ1_S, STRATA_TYPE_IQ1_M, STRATA_TYPE_IQ4_NL, STRATA_TYPE_IQ4_XS,
-    STRATA_TYPE_MXFP4,
-};
-#define N_TYPES (sizeof(all_types) / sizeof(all_types[0]))
+/* Random weight rows of every block type (kt_random_rows, kt_all_types): kernels/kref.h,
+ * shared with the kernel self-test. */
 
 static struct strata_gpu_ctx ctx;
 
@@ -92,7 +16,7 @@ static void test_decode(uint32_t type, int64_t ne0, int64_t ne1)
 {
     struct strata_err err = {0, ""};
     size_t rb;
-    uint8_t *w = random_rows(type, ne0, ne1, &rb);
+    uint8_t *w = kt_random_rows(type, ne0, ne1, &rb);
     float *ref = (float *)malloc(sizeof(float) * ne0 * ne1), *got = (float *)malloc(sizeof(float) * ne0 * ne1);
     int rc = strata_quant_dequant_ref(type, w, ref, ne0 * ne1, &err);
     void *dw = kt_up(w, rb * ne1);
@@ -124,8 +48,8 @@ static void test_matvec(uint32_t type, int64_t ne0, int64_t ne1, int n_exp, int 
     struct strata_err err = {0, ""};
     size_t rb;
     int64_t nrow = ne1 * n_exp;
-    uint8_t *w = random_rows(type, ne0, nrow, &rb);
-    uint8_t *u = glu ? random_rows(type, ne0, nrow, &rb) : NULL;
+    uint8_t *w = kt_random_rows(type, ne0, nrow, &rb);
+    uint8_t *u = glu ? kt_random_rows(type, ne0, nrow, &rb) : NULL;
     float *wf = (float *)malloc(sizeof(float) * ne0 * nrow);
     float *uf = glu ? (float *)malloc(sizeof(float) * ne0 * nrow) : NULL;
     int rc = strata_quant_dequant_ref(type, w, wf, ne0 * nrow, &err);
@@ -222,7 +146,7 @@ static void test_matvec_batch_invariance(uint32_t type)
     int64_t ne0 = 2048, ne1 = 96;
     int nt = 7;
     size_t rb;
-    uint8_t *w = random_rows(type, ne0, ne1, &rb);
+    uint8_t *w = kt_random_rows(type, ne0, ne1, &rb);
     float *x = (float *)malloc(sizeof(float) * ne0 * nt);
     kt_fill(x, ne0 * nt, 1.0f);
     void *dw = kt_up(w, rb * ne1);
@@ -531,7 +455,7 @@ static void test_matmul(uint32_t type, int64_t ne0, int64_t ne1, int n_tok, int 
     size_t rb;
     int grouped = n_expert > 0, ne = grouped ? n_expert : 1;
     int64_t nrow = ne1 * ne;
-    uint8_t *w = random_rows(type, ne0, nrow, &rb), *u = glu ? random_rows(type, ne0, nrow, &rb) : NULL;
+    uint8_t *w = kt_random_rows(type, ne0, nrow, &rb), *u = glu ? kt_random_rows(type, ne0, nrow, &rb) : NULL;
     float *wf = (float *)malloc(4 * ne0 * nrow), *uf = glu ? (float *)malloc(4 * ne0 * nrow) : NULL;
     strata_quant_dequant_ref(type, w, wf, ne0 * nrow, &err);
     if (glu)
@@ -667,8 +591,8 @@ static void test_ops(void)
     test_matmul(STRATA_TYPE_Q5_K, 256, 130, 33, 16, 4, 0, 0); /* grouped down */
     test_matmul(STRATA_TYPE_IQ4_XS, 256, 64, 100, 3, 2, 1, 0);
     test_matmul(STRATA_TYPE_F32, 64, 10, 5, 0, 0, 0, 0);
-    for (size_t i = 0; i < N_TYPES; i++)
-        test_matmul(all_types[i], 256, 65, 66, 0, 0, 0, 0);
+    for (int i = 0; i < KT_N_TYPES; i++)
+        test_matmul(kt_all_types[i], 256, 65, 66, 0, 0, 0, 0);
     test_topk(151936, 2, 40);
     test_topk(1000, 3, 1);
 }
@@ -691,8 +615,8 @@ int main(void)
     diag("device %d: %s (%s), warp %d, %d SMs", ctx.info.device, ctx.info.name, ctx.info.arch,
          ctx.info.warp_size, ctx.info.n_sm);
 
-    for (size_t i = 0; i < N_TYPES; i++) {
-        uint32_t t = all_types[i];
+    for (int i = 0; i < KT_N_TYPES; i++) {
+        uint32_t t = kt_all_types[i];
         int64_t qk = strata_ggml_blck_size(t);
         if (qk == 1)
             qk = 32;

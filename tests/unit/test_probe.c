@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "probe.h"
 #include "tap.h"
@@ -25,6 +26,29 @@ static cJSON *run_json(const char *inject, struct strata_probe_report *r)
     cJSON *j = s ? cJSON_Parse(s) : NULL;
     free(s);
     return j;
+}
+
+/* The probe with exe_dir dir (a BUILD.json there) and the self-test options. */
+static cJSON *run_json_opts(const char *inject, const char *dir, int no_selftest,
+                            struct strata_probe_report *r)
+{
+    setenv("STRATA_PROBE_INJECT", inject, 1);
+    struct strata_probe_opts o = {.quick = 1, .timeout_ms = 3000, .exe_dir = dir,
+                                  .no_selftest = no_selftest, .selftest_timeout_ms = 3000};
+    struct strata_err err = {0};
+    if (strata_probe_run(r, &o, &err) != 0) {
+        diag("probe failed: %s", err.msg);
+        return NULL;
+    }
+    char *s = strata_probe_json(r);
+    cJSON *j = s ? cJSON_Parse(s) : NULL;
+    free(s);
+    return j;
+}
+
+static const cJSON *dev0(const cJSON *j)
+{
+    return cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "devices"), 0);
 }
 
 static int is_num_or_null(const cJSON *o, const char *k)
@@ -69,6 +93,11 @@ int main(void)
         const cJSON *be = cJSON_GetObjectItemCaseSensitive(j, "backend");
         ok(cJSON_IsString(be) && strcmp(be->valuestring, "cpu") == 0, "backend cpu");
         ok(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "pcie_frac")), "pcie_frac null");
+        const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "selftest");
+        const cJSON *why = cJSON_GetObjectItemCaseSensitive(st, "reason");
+        ok(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(st, "run")) && cJSON_IsString(why) &&
+               strstr(why->valuestring, "no GPU kernels (CPU build"),
+           "selftest: not run, and why (%s)", cJSON_IsString(why) ? why->valuestring : "?");
     }
     cJSON_Delete(j);
 
@@ -110,6 +139,58 @@ int main(void)
     ok(j != NULL && strstr(r.child_error, "crashed") != NULL, "crashed runtime reported: '%.60s'",
        r.child_error);
     cJSON_Delete(j);
+
+    /* the kernel self-test's reporting, with a fake table on a fake supported device */
+    char dir[] = "/tmp/strata-probe-XXXXXX";
+    int have_dir = mkdtemp(dir) != NULL;
+    char path[64];
+    snprintf(path, sizeof(path), "%s/BUILD.json", dir);
+    FILE *bf = have_dir ? fopen(path, "w") : NULL;
+    if (bf) {
+        fputs("{\"backend\": \"cuda\", \"archs\": [\"sm_90\"]}\n", bf);
+        fclose(bf);
+    }
+    j = run_json_opts("fake-cuda,selftest-pass", dir, 0, &r);
+    ok(r.n_devices == 1 && r.devices[0].status == STRATA_PROBE_SUPPORTED && r.usable_devices == 1 &&
+           r.selftest_ran && r.devices[0].selftest.n == 2 && r.devices[0].selftest.n_failed == 0,
+       "self-test passes: device usable (status %s, %d kernels)",
+       strata_probe_status_name(r.devices[0].status), r.devices[0].selftest.n);
+    const cJSON *d = dev0(j);
+    const cJSON *sa = cJSON_GetObjectItemCaseSensitive(d, "selftest");
+    const cJSON *k1 = cJSON_GetArrayItem(sa, 1);
+    ok(cJSON_GetArraySize(sa) == 2 && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(k1, "pass")) &&
+           strcmp(cJSON_GetObjectItemCaseSensitive(k1, "kernel")->valuestring, "matvec Q4_K") == 0 &&
+           cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(k1, "error")) &&
+           cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(d, "selftest_not_run")) &&
+           cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j,
+                        "selftest"), "run")),
+       "JSON: a selftest array per device, one entry per kernel");
+    cJSON_Delete(j);
+
+    j = run_json_opts("fake-cuda,selftest-fail", dir, 0, &r);
+    ok(r.devices[0].status == STRATA_PROBE_FAILED && r.usable_devices == 0 &&
+           strstr(r.devices[0].reason, "failed for 1 of 2 kernels: matvec Q4_K [n=65 dev=0]"),
+       "a failing kernel makes the device unusable, named: %s", r.devices[0].reason);
+    d = dev0(j);
+    k1 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(d, "selftest"), 1);
+    const cJSON *ke = cJSON_GetObjectItemCaseSensitive(k1, "error");
+    ok(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(k1, "pass")) && cJSON_IsString(ke) &&
+           strstr(ke->valuestring, "injected") &&
+           strcmp(cJSON_GetObjectItemCaseSensitive(d, "status")->valuestring, "failed") == 0,
+       "JSON: the failing kernel with its error, device status failed");
+    cJSON_Delete(j);
+
+    j = run_json_opts("fake-cuda,selftest-fail", dir, 1, &r);
+    ok(r.devices[0].status == STRATA_PROBE_SUPPORTED && r.usable_devices == 1 &&
+           !r.devices[0].selftest.ran && strstr(r.devices[0].selftest.not_run, "--no-selftest"),
+       "--no-selftest: not run, device usable");
+    ke = cJSON_GetObjectItemCaseSensitive(dev0(j), "selftest_not_run");
+    ok(cJSON_IsString(ke) && strstr(ke->valuestring, "skipped"), "JSON: selftest_not_run says so");
+    cJSON_Delete(j);
+    if (have_dir) {
+        unlink(path);
+        rmdir(dir);
+    }
     unsetenv("STRATA_PROBE_INJECT");
 
     double bw = strata_probe_mem_read_gbs(32u << 20, 2);
