@@ -1420,7 +1420,12 @@ int strata_pack_resident_region(const struct strata_pack *p, const void **base, 
     *len = 0;
     if (!p->res)
         return 0;
-    strata_resident_att_region(p->res, base, len);
+    if (p->experts_resident) { /* the expert records are what is copied to the GPU */
+        *base = p->experts_map;
+        *len = p->experts_size;
+    } else {
+        strata_resident_att_region(p->res, base, len);
+    }
     return 1;
 }
 

@@ -162,10 +162,13 @@ const char *strata_pack_resident(const struct strata_pack *p, uint64_t *bytes);
 /* Why an image of this pack exists but was ignored (stale, mismatched), one
  * line naming it; "" when none was ignored.  Owned by p. */
 const char *strata_pack_resident_note(const struct strata_pack *p);
-/* GPU hook: the attached image's whole mapping, which a GPU backend
- * registers (pins) for DMA once (cudaHostRegister / hipHostRegister with the
- * read-only flag) so expert copies from it run at pinned speed.  Returns 1
- * with *base, *len set, or 0 (not attached; both zeroed). */
+/* GPU hook: the part of the attached image that expert copies read - the
+ * experts.bin records of a repacked pack, else the whole mapping - which a
+ * GPU backend registers (pins) for DMA once (cudaHostRegister /
+ * hipHostRegister with the read-only flag) so copies from it run at pinned
+ * speed.  (In a repacked pack's image the GGUF's routed experts are mapped
+ * from the file; pinning them would read them from disk.)  Returns 1 with
+ * *base, *len set, or 0 (not attached; both zeroed). */
 int strata_pack_resident_region(const struct strata_pack *p, const void **base, uint64_t *len);
 
 /* Progress of long operations: done/total bytes of what (a file name).

@@ -126,6 +126,18 @@ static void test_repacked(unsigned seed)
                     same = 0;
         }
         ok(same, "every expert record the same from the image");
+        const void *rb = NULL;
+        uint64_t rl = 0;
+        const unsigned char *rec = NULL;
+        for (uint32_t il = 0; il < 64 && !rec; il++)
+            if (strata_pack_layer(pa, il) && strata_pack_expert(pa, il, 0, &xa, NULL) == 0)
+                rec = xa.record;
+        int have = strata_pack_resident_region(pa, &rb, &rl);
+        ok(have == 1 && rec &&
+               rec >= (const unsigned char *)rb && rec < (const unsigned char *)rb + rl,
+           "GPU registration region: the expert records (%llu bytes)", (unsigned long long)rl);
+        ok(strata_pack_resident_region(pf, &rb, &rl) == 0 && !rb && !rl,
+           "no region when reading the files");
     }
     strata_pack_close(pa);
     strata_pack_close(pf);
