@@ -45,8 +45,10 @@ struct strata_jinja_opts {
  * messages ("template 'NAME' line L column C: ...").  On success *out owns the parsed
  * template (free with strata_jinja_free).
  * Errors: STRATA_E_FORMAT for a syntax error (unterminated tag, unknown statement,
- * unbalanced blocks), naming line and column; STRATA_E_NOMEM; STRATA_E_LIMIT when
- * nesting is deeper than the parser allows. */
+ * unbalanced blocks, a filter or test jinja2 does not have, used outside an if as
+ * jinja2's compiler refuses it), naming line and column; STRATA_E_NOMEM;
+ * STRATA_E_LIMIT when nesting is deeper than the parser allows (about 200
+ * parentheses, 1000 levels of expression tree). */
 int strata_jinja_parse(struct strata_jinja **out, const char *src, size_t len,
                        const char *name, struct strata_err *err);
 
