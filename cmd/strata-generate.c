@@ -21,6 +21,7 @@
 #include "model.h"
 #include "pool.h"
 #include "sampler.h"
+#include "selftest.h"
 #include "serve_stdio.h"
 #include "spec.h"
 #include "splice.h"
@@ -80,6 +81,7 @@ static const char usage_text[] =
     "      --prefill N         prompt chunk size (default 512)\n"
     "      --kv-type f16|f32   kv cache type (default f16)\n"
     "      --backend NAME      cpu (default), auto\n"
+    "      --no-selftest       skip the GPU kernel self-test run at start\n"
     "      --perplexity FILE   perplexity of FILE as llama-perplexity computes it\n"
     "      --chunks K          perplexity: first K chunks (default all)\n"
     "      --dump-logits FILE  write float32 logits after every prompt position\n"
@@ -130,6 +132,7 @@ struct opts {
     const char *tokenize, *detokenize;
     int add_bos, no_special;
     int serve_stdio;
+    int no_selftest;
     const char *render_chat, *chat_template;
     int chat;                      /* --chat: the prompt is a user message */
     const char *system;            /* --system TEXT */
@@ -988,6 +991,39 @@ static int run_serve_stdio(struct strata_engine *e, const struct strata_vocab *v
     return STRATA_EXIT_OK;
 }
 
+/* ---- start-up: the GPU kernel self-test (selftest.h) ---- */
+
+/* On a GPU backend, run the kernel self-test on the device before the model goes
+ * there; refuse a device that fails it (exit 4, and an error event in --serve-stdio
+ * mode).  "auto" on a machine whose GPU cannot even start falls back to the CPU in
+ * the engine, so only kernel failures refuse it.  Nothing happens in CPU builds. */
+static int run_selftest(const struct opts *o)
+{
+    struct strata_err err = { 0 };
+    const struct strata_backend_ops *ops = o->eo.backend_ops;
+    if (!ops && strata_engine_find_backend(o->eo.backend, &ops, &err))
+        return 0; /* the engine names the bad backend */
+    if (!ops || ops == &strata_backend_cpu_ops || !strata_selftest_gpu_table())
+        return 0;
+    int dev = o->eo.device < 0 ? 0 : o->eo.device;
+    static struct strata_selftest_report rep;
+    if (strata_selftest_gpu(dev, NULL, &rep, &err))
+        return fail(&err);
+    if (!rep.ran || rep.n_failed == 0)
+        return 0;
+    int is_auto = o->eo.backend && strcmp(o->eo.backend, "auto") == 0;
+    if (is_auto && rep.n == 1 && strcmp(rep.r[0].kernel, "init") == 0)
+        return 0;
+    char sum[400], msg[512];
+    strata_selftest_summary(&rep, sum, sizeof sum);
+    snprintf(msg, sizeof msg, "%s device %d: %s; strata-probe lists every kernel "
+             "(--no-selftest skips the test)", rep.api, dev, sum);
+    if (o->serve_stdio)
+        strata_serve_stdio_error(1, STRATA_E_GPU, msg, NULL);
+    fprintf(stderr, PROG ": %s\n", msg);
+    return STRATA_EXIT_GPU;
+}
+
 /* ---- the expert cache's memory plan and routing profiles ---- */
 
 /* Print the memory plan for the model's figures and the VRAM budget.  In a
@@ -1153,6 +1189,7 @@ enum {
     OPT_VRAM_BUDGET, OPT_VRAM_RESERVE, OPT_ADAPT_EVERY, OPT_PCIE_FRAC, OPT_POOL_WORKERS,
     OPT_PLAN_ONLY, OPT_SAVE_PROFILE,
     OPT_IMAGE, OPT_IMAGE_MAXP, OPT_MMPROJ, OPT_IMAGE_EMBD, OPT_IMAGE_MARKER, OPT_TOKEN_EMBD,
+    OPT_NO_SELFTEST,
 };
 
 /* ---- mode: tokenize / detokenize (needs only the vocabulary) ---- */
@@ -1382,6 +1419,7 @@ int main(int argc, char **argv)
         {"image-embd", required_argument, NULL, OPT_IMAGE_EMBD},
         {"image-marker", required_argument, NULL, OPT_IMAGE_MARKER},
         {"token-embd", required_argument, NULL, OPT_TOKEN_EMBD},
+        {"no-selftest", no_argument, NULL, OPT_NO_SELFTEST},
         {"verbose", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -1523,6 +1561,7 @@ int main(int argc, char **argv)
         case OPT_IMAGE_EMBD: o.image_embd = optarg; break;
         case OPT_IMAGE_MARKER: o.image_marker = optarg; break;
         case OPT_TOKEN_EMBD: o.token_embd = optarg; break;
+        case OPT_NO_SELFTEST: o.no_selftest = 1; break;
         case 'v': o.verbose = 1; break;
         case 'h': fputs(usage_text, stdout); return STRATA_EXIT_OK;
         default: bad = 1; break;
@@ -1584,6 +1623,8 @@ int main(int argc, char **argv)
             goto out;
         }
     }
+    if (!o.no_selftest && (ret = run_selftest(&o)) != 0)
+        goto out;
     if (strata_engine_open_gguf(&e, g, &o.eo, &err)) {
         strata_err_wrap(&err, "'%s': ", o.model);
         ret = fail(&err);

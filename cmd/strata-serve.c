@@ -13,7 +13,7 @@
 static const char usage_text[] =
     "usage: strata-serve -m MODEL [-m MODEL ...] [--host ADDR] [--port N]\n"
     "                    [--api-key KEY] [--ctx N] [--parallel N] [--threads N]\n"
-    "                    [--prefill N] [--backend NAME] [--device N]\n"
+    "                    [--prefill N] [--backend NAME] [--device N] [--no-selftest]\n"
     "                    [--chat-template FILE] [--watchdog SECS] [--load-timeout SECS]\n"
     "                    [--engine PROGRAM] [--engine-arg ARG ...] [-v] [-- ENGINE-ARGS]\n"
     "                    [--mmproj FILE (after its -m)] [--allow-image-urls]\n";
@@ -40,6 +40,7 @@ enum {
     OPT_PASS,
     OPT_MMPROJ,
     OPT_ALLOW_URLS,
+    OPT_NO_SELFTEST,
 };
 
 static int parse_int(const char *opt, const char *s, long lo, long hi, int *out)
@@ -75,6 +76,7 @@ int main(int argc, char **argv)
         {"prefill", required_argument, NULL, OPT_PASS},
         {"backend", required_argument, NULL, OPT_PASS},
         {"device", required_argument, NULL, OPT_PASS},
+        {"no-selftest", no_argument, NULL, OPT_NO_SELFTEST},
         {"verbose", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -158,6 +160,9 @@ int main(int argc, char **argv)
                 o.load_timeout_s = v;
             break;
         }
+        case OPT_NO_SELFTEST: /* the engines skip the GPU kernel self-test */
+            eargs[o.n_engine_args++] = "--no-selftest";
+            break;
         case OPT_PASS: {
             size_t n = strlen(longopts[idx].name) + 3;
             char *flag = malloc(n);
