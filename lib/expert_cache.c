@@ -783,6 +783,28 @@ out:
     return rc;
 }
 
+int strata_ec_profile_find(struct strata_ec_profile *p, const char *dir, int want_layer,
+                           int want_expert, int *found, struct strata_err *err)
+{
+    char path[4096];
+    memset(p, 0, sizeof *p);
+    *found = 0;
+    if (!dir)
+        return 0;
+    int n = snprintf(path, sizeof path, "%s/routing-profile.json", dir);
+    if (n < 0 || (size_t)n >= sizeof path)
+        return strata_err_set(err, STRATA_E_INVALID, "pack directory name too long: '%s'", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return errno == ENOENT ? 0
+                               : strata_err_set(err, STRATA_E_IO, "cannot open '%s': %s", path,
+                                                strerror(errno));
+    fclose(f);
+    int rc = strata_ec_profile_load(p, path, want_layer, want_expert, err);
+    *found = rc == 0;
+    return rc;
+}
+
 /* ---- memory plan ---- */
 
 #define MIB (1024.0 * 1024.0)

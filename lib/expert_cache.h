@@ -252,6 +252,12 @@ int strata_ec_profile_save(const struct strata_ec_profile *p, const char *path,
 int strata_ec_profile_load(struct strata_ec_profile *p, const char *path, int want_layer,
                            int want_expert, struct strata_err *err);
 
+/* The pack's profile: dir/routing-profile.json.  *found = 0 (and 0
+ * returned, p empty) when the pack has none or dir is NULL (a bare GGUF);
+ * other errors as strata_ec_profile_load. */
+int strata_ec_profile_find(struct strata_ec_profile *p, const char *dir, int want_layer,
+                           int want_expert, int *found, struct strata_err *err);
+
 /* ---- memory plan ----
  *
  * VRAM budget = vram_budget (when > 0, to emulate a smaller card) else

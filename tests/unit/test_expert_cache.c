@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine.h"
@@ -268,6 +269,23 @@ static void test_profile_and_plan(void)
     ok(strata_ec_profile_load(&q, path, 0, 0, &err) == STRATA_E_FORMAT &&
        strstr(err.msg, "'counts'[0][1]"), "bad count named: %s", err.msg);
     unlink(path);
+    /* a pack directory with and without routing-profile.json */
+    char dir[256], ppath[300];
+    snprintf(dir, sizeof dir, "%s/strata-ec-pack-%d", tmp, (int)getpid());
+    snprintf(ppath, sizeof ppath, "%s/routing-profile.json", dir);
+    int found = -1;
+    if (mkdir(dir, 0700) == 0) {
+        ok(strata_ec_profile_find(&q, dir, 2, 4, &found, &err) == 0 && found == 0,
+           "a pack without a profile: none, no error");
+        ok(strata_ec_profile_save(&p, ppath, &err) == 0 &&
+               strata_ec_profile_find(&q, dir, 2, 4, &found, &err) == 0 && found == 1 &&
+               q.counts[3] == 2, "the pack's routing-profile.json is found");
+        strata_ec_profile_free(&q);
+        unlink(ppath);
+        rmdir(dir);
+    }
+    ok(strata_ec_profile_find(&q, NULL, 2, 4, &found, &err) == 0 && found == 0,
+       "a bare GGUF has no profile");
 
     /* the profile decides the initial fill */
     struct strata_ec_opts o;
