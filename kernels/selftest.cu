@@ -38,7 +38,8 @@ struct st {
     int rc;
 };
 
-static int st_fail(struct st *s, int rc, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int st_fail(struct st *s, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static int st_fail(struct st *s, int rc, const char *fmt, ...)
 {
     if (s->rc)
@@ -52,12 +53,12 @@ static int st_fail(struct st *s, int rc, const char *fmt, ...)
 }
 
 /* A runtime call: on error the case faults with the call and the runtime's message. */
-#define ST_RT(s, call)                                                                       \
-    do {                                                                                     \
-        cudaError_t e_ = (call);                                                             \
-        if (e_ != cudaSuccess)                                                               \
-            st_fail((s), STRATA_SELFTEST_FAULT, "%s: %s (%s)", #call, cudaGetErrorString(e_), \
-                    cudaGetErrorName(e_));                                                   \
+#define ST_RT(s, call)                                                                             \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess)                                                                     \
+            st_fail((s), STRATA_SELFTEST_FAULT, "%s: %s (%s)", #call, cudaGetErrorString(e_),      \
+                    cudaGetErrorName(e_));                                                         \
     } while (0)
 
 static int st_begin(struct st *s, int dev, char *msg, size_t cap)
@@ -137,16 +138,18 @@ static void st_launched(struct st *s, const char *kernel, int rc, const struct s
                         void *out, size_t out_bytes);
 
 /* Compare n results; fails the case as WRONG when any is off. */
-static void st_compare(struct st *s, const char *what, const float *got, const float *ref,
-                       size_t n, double atol, double rtol)
+static void st_compare(struct st *s, const char *what, const float *got, const float *ref, size_t n,
+                       double atol, double rtol)
 {
     if (s->rc)
         return;
     size_t worst;
     double e = kt_err(got, ref, n, atol, rtol, &worst);
     if (e > 1.0)
-        st_fail(s, STRATA_SELFTEST_WRONG, "%s differs from the CPU reference: at %zu gpu %.6g ref "
-                "%.6g (%.3g times the tolerance)", what, worst, got[worst], ref[worst], e);
+        st_fail(s, STRATA_SELFTEST_WRONG,
+                "%s differs from the CPU reference: at %zu gpu %.6g ref "
+                "%.6g (%.3g times the tolerance)",
+                what, worst, got[worst], ref[worst], e);
 }
 
 /* ---- deliberate breakage (test builds) ---- */
@@ -384,8 +387,8 @@ static int matmul_case(int dev, uint32_t type, int grouped, char *shapes, size_t
     int64_t ne0 = st_blck(type) * (st_blck(type) == 32 ? 8 : 1), ne1 = 40;
     int n_tok = 19, k = grouped ? 2 : 1, n_expert = grouped ? 4 : 1, glu = grouped;
     int n_asg = n_tok * k, n_x = n_tok;
-    snprintf(shapes, sc, "%s [%lld x %lld] %d tok%s", strata_ggml_type_name(type),
-             (long long)ne0, (long long)ne1, n_tok, grouped ? ", 4 experts k=2 glu" : ", add");
+    snprintf(shapes, sc, "%s [%lld x %lld] %d tok%s", strata_ggml_type_name(type), (long long)ne0,
+             (long long)ne1, n_tok, grouped ? ", 4 experts k=2 glu" : ", add");
     st_begin(&s, dev, msg, mc);
     struct st_w w, u;
     st_weights(&s, &w, type, ne0, ne1, n_expert, 1);
@@ -446,8 +449,10 @@ static int matmul_case(int dev, uint32_t type, int grouped, char *shapes, size_t
             covered += good ? en - b : 0;
         }
         if (!s.rc && (!good || covered != n_asg))
-            st_fail(&s, STRATA_SELFTEST_WRONG, "moe_plan: %d tiles cover %d of %d assignments "
-                    "or group them under the wrong expert", nt, covered, n_asg);
+            st_fail(&s, STRATA_SELFTEST_WRONG,
+                    "moe_plan: %d tiles cover %d of %d assignments "
+                    "or group them under the wrong expert",
+                    nt, covered, n_asg);
     }
     if (!s.rc) {
         struct strata_k_mm_args a;
@@ -580,11 +585,23 @@ static int c_qkv(int dev, int mode, char *shapes, size_t sc, char *msg, size_t m
     if (!s.rc) {
         struct strata_k_qkv_args a;
         memset(&a, 0, sizeof(a));
-        a.q = dq; a.k = dk; a.v = dv;
-        a.q_stride = n_head * hd; a.k_stride = n_head_kv * hd; a.v_stride = n_head_kv * hd;
-        a.q_norm = dqn; a.k_norm = dkn; a.eps = 1e-6f;
-        a.rope = &rp; a.pos0 = dpos; a.n_tok = n_tok; a.n_head = n_head;
-        a.n_head_kv = n_head_kv; a.hd = hd; a.k_cache = kc; a.v_cache = vc;
+        a.q = dq;
+        a.k = dk;
+        a.v = dv;
+        a.q_stride = n_head * hd;
+        a.k_stride = n_head_kv * hd;
+        a.v_stride = n_head_kv * hd;
+        a.q_norm = dqn;
+        a.k_norm = dkn;
+        a.eps = 1e-6f;
+        a.rope = &rp;
+        a.pos0 = dpos;
+        a.n_tok = n_tok;
+        a.n_head = n_head;
+        a.n_head_kv = n_head_kv;
+        a.hd = hd;
+        a.k_cache = kc;
+        a.v_cache = vc;
         struct strata_err err = {0, ""};
         int rc = strata_k_qkv_post(&s.ctx, &a, &err);
         st_launched(&s, "qkv_rope", rc, &err, dq, 4 * nq);
@@ -662,9 +679,20 @@ static int c_attention(int dev, int prefill, char *shapes, size_t sc, char *msg,
     if (!s.rc) {
         struct strata_k_attn_args a;
         memset(&a, 0, sizeof(a));
-        a.q = dq; a.q_stride = n_head * hd; a.k_cache = dk; a.v_cache = dv; a.out = dout;
-        a.pos0 = dpos; a.n_tok = n_tok; a.n_head = n_head; a.n_head_kv = n_head_kv; a.hd = hd;
-        a.max_kv = n_kv + 5; a.n_split = n_split; a.scale = scale; a.scratch = dscr;
+        a.q = dq;
+        a.q_stride = n_head * hd;
+        a.k_cache = dk;
+        a.v_cache = dv;
+        a.out = dout;
+        a.pos0 = dpos;
+        a.n_tok = n_tok;
+        a.n_head = n_head;
+        a.n_head_kv = n_head_kv;
+        a.hd = hd;
+        a.max_kv = n_kv + 5;
+        a.n_split = n_split;
+        a.scale = scale;
+        a.scratch = dscr;
         struct strata_err err = {0, ""};
         int rc = strata_k_attention(&s.ctx, &a, &err);
         st_launched(&s, prefill ? "attention prefill" : "attention decode", rc, &err, dout, 4 * nq);
@@ -679,11 +707,12 @@ static int c_moe(int dev, int combine, char *shapes, size_t sc, char *msg, size_
 {
     struct st s;
     int n_tok = 3, n_expert = 24, k = 4, n = 100;
-    snprintf(shapes, sc, combine ? "n_tok=%d k=%d n=%d" : "n_tok=%d n_expert=%d k=%d norm=1",
-             n_tok, combine ? k : n_expert, combine ? n : k);
+    snprintf(shapes, sc, combine ? "n_tok=%d k=%d n=%d" : "n_tok=%d n_expert=%d k=%d norm=1", n_tok,
+             combine ? k : n_expert, combine ? n : k);
     st_begin(&s, dev, msg, mc);
     float *lg = (float *)st_host(&s, 4 * n_tok * n_expert);
-    int32_t *rid = (int32_t *)st_host(&s, 4 * n_tok * k), *gid = (int32_t *)st_host(&s, 4 * n_tok * k);
+    int32_t *rid = (int32_t *)st_host(&s, 4 * n_tok * k),
+            *gid = (int32_t *)st_host(&s, 4 * n_tok * k);
     float *rw = (float *)st_host(&s, 4 * n_tok * k), *gw = (float *)st_host(&s, 4 * n_tok * k);
     char *used = (char *)st_host(&s, n_expert);
     if (s.rc)
@@ -712,8 +741,10 @@ static int c_moe(int dev, int combine, char *shapes, size_t sc, char *msg, size_
             rw[t * k + j] = (float)(rw[t * k + j] / sel);
     }
     if (combine) {
-        float *y = (float *)st_host(&s, 4 * n_tok * k * n), *add = (float *)st_host(&s, 4 * n_tok * n);
-        float *ref = (float *)st_host(&s, 4 * n_tok * n), *got = (float *)st_host(&s, 4 * n_tok * n);
+        float *y = (float *)st_host(&s, 4 * n_tok * k * n),
+              *add = (float *)st_host(&s, 4 * n_tok * n);
+        float *ref = (float *)st_host(&s, 4 * n_tok * n),
+              *got = (float *)st_host(&s, 4 * n_tok * n);
         if (s.rc)
             return st_end(&s);
         kt_fill(y, (size_t)n_tok * k * n, 1.0f);
@@ -725,8 +756,10 @@ static int c_moe(int dev, int combine, char *shapes, size_t sc, char *msg, size_
                     v += (double)rw[t * k + j] * y[(t * k + j) * n + i];
                 ref[t * n + i] = (float)v;
             }
-        float *dy = (float *)st_up(&s, y, 4 * n_tok * k * n), *dw = (float *)st_up(&s, rw, 4 * n_tok * k);
-        float *da = (float *)st_up(&s, add, 4 * n_tok * n), *dout = (float *)st_dev(&s, 4 * n_tok * n);
+        float *dy = (float *)st_up(&s, y, 4 * n_tok * k * n),
+              *dw = (float *)st_up(&s, rw, 4 * n_tok * k);
+        float *da = (float *)st_up(&s, add, 4 * n_tok * n),
+              *dout = (float *)st_dev(&s, 4 * n_tok * n);
         if (!s.rc) {
             struct strata_err err = {0, ""};
             int rc = strata_k_moe_combine(&s.ctx, dy, dw, n_tok, k, n, da, dout, &err);
@@ -736,7 +769,8 @@ static int c_moe(int dev, int combine, char *shapes, size_t sc, char *msg, size_
         st_compare(&s, "moe_combine", got, ref, n_tok * n, 1e-6, 1e-5);
         return st_end(&s);
     }
-    float *dl = (float *)st_up(&s, lg, 4 * n_tok * n_expert), *dw = (float *)st_dev(&s, 4 * n_tok * k);
+    float *dl = (float *)st_up(&s, lg, 4 * n_tok * n_expert),
+          *dw = (float *)st_dev(&s, 4 * n_tok * k);
     int32_t *di = (int32_t *)st_dev(&s, 4 * n_tok * k);
     if (!s.rc) {
         struct strata_err err = {0, ""};
@@ -749,8 +783,10 @@ static int c_moe(int dev, int combine, char *shapes, size_t sc, char *msg, size_
         int i = 0;
         while (gid[i] == rid[i])
             i++;
-        st_fail(&s, STRATA_SELFTEST_WRONG, "moe_route: expert id %d of token %d is %d, the "
-                "reference chose %d", i % k, i / k, gid[i], rid[i]);
+        st_fail(&s, STRATA_SELFTEST_WRONG,
+                "moe_route: expert id %d of token %d is %d, the "
+                "reference chose %d",
+                i % k, i / k, gid[i], rid[i]);
     }
     st_compare(&s, "moe_route weights", gw, rw, n_tok * k, 1e-6, 1e-5);
     return st_end(&s);
@@ -797,8 +833,10 @@ static int c_sample(int dev, int topk, char *shapes, size_t sc, char *msg, size_
         st_down(&s, gv, dv, 4 * k * rows);
     for (int i = 0; i < k * rows && !s.rc; i++)
         if (gi[i] != ri[i] || (topk && gv[i] != rv[i]))
-            st_fail(&s, STRATA_SELFTEST_WRONG, "%s: row %d rank %d: gpu id %d, reference id %d "
-                    "(value %.6g)", topk ? "topk" : "argmax", i / k, i % k, gi[i], ri[i], rv[i]);
+            st_fail(&s, STRATA_SELFTEST_WRONG,
+                    "%s: row %d rank %d: gpu id %d, reference id %d "
+                    "(value %.6g)",
+                    topk ? "topk" : "argmax", i / k, i % k, gi[i], ri[i], rv[i]);
     return st_end(&s);
 }
 
@@ -859,8 +897,8 @@ static int c_elementwise(int dev, int which, char *shapes, size_t sc, char *msg,
         if (s.rc)
             return st_end(&s);
         memcpy(ref, w.f + ne0 * ne1, 4 * nout);
-        st_launched(&s, "dequant_f16", strata_k_dequant_f16(&s.ctx, &w.kw, 1, dh, &err), &err,
-                    dh, 2 * nout);
+        st_launched(&s, "dequant_f16", strata_k_dequant_f16(&s.ctx, &w.kw, 1, dh, &err), &err, dh,
+                    2 * nout);
     }
     st_down(&s, gh, dh, 2 * nout);
     if (s.rc)
