@@ -10,14 +10,18 @@
 
 #include "probe.h"
 
+#define SCAN_ALL 1024   /* caches up to this many slots search every victim */
+#define SCAN_WINDOW 256
+
 struct strata_expert_cache {
     struct strata_ec_opts o;
     int L, X, K, S;
     int first_moe;       /* lowest MoE layer: its lookups advance the clock */
     uint8_t *is_moe;     /* [L] */
     int32_t *slot_of;    /* [L * X] slot or -1 */
-    double *score;       /* [L * X] decayed hit count at score_t */
-    uint64_t *score_t;   /* [L * X] clock of the last update */
+    double *score;       /* [L * X] decayed hit count times w (see advance) */
+    double w;            /* decay^-(clock - base): the weight of a hit now */
+    uint64_t base;
     uint8_t *prefetched; /* [L * X] copied by a prefetch, not yet hit */
     int32_t *s_key;      /* [S] il * X + ie, or -1 */
     uint8_t *s_state;    /* [S] enum strata_ec_slot_state */
@@ -28,6 +32,8 @@ struct strata_expert_cache {
     uint64_t last_rebalance;
     double carry;        /* pcie_frac remainder carried between batches */
     int plan_open;       /* a plan is pinned and not yet released */
+    int free_cursor;     /* slots below it are all in use */
+    int scan;            /* start of the next victim window (large caches) */
     int32_t *cnt;        /* [X] tokens per expert of the current batch */
     struct strata_ec_item *items; /* [X] */
     struct strata_ec_item *tmp;   /* [X] */
@@ -51,18 +57,31 @@ void strata_ec_cfg_init(struct strata_ec_cfg *c)
     c->pcie_frac = -1;
 }
 
+/* Every count decays by the same factor per token, so instead of decaying
+ * all of them, a new hit weighs w = decay^-(tokens since base): the stored
+ * values keep their order and eff() is one division (no per-lookup pow over
+ * every slot).  When w grows large the stored values are rescaled. */
 static double eff(const struct strata_expert_cache *ec, int key)
 {
-    uint64_t dt = ec->clock - ec->score_t[key];
-    if (dt == 0 || ec->score[key] == 0)
-        return ec->score[key];
-    return ec->score[key] * pow(ec->o.decay, (double)dt);
+    return ec->score[key] / ec->w;
 }
 
 static void bump(struct strata_expert_cache *ec, int key, double by)
 {
-    ec->score[key] = eff(ec, key) + by;
-    ec->score_t[key] = ec->clock;
+    ec->score[key] += by * ec->w;
+}
+
+static void advance(struct strata_expert_cache *ec, uint64_t n_tok)
+{
+    ec->clock += n_tok;
+    ec->w = pow(ec->o.decay, -(double)(ec->clock - ec->base));
+    if (ec->w > 1e100 || !isfinite(ec->w)) {
+        double f = pow(ec->o.decay, (double)(ec->clock - ec->base));
+        for (size_t k = 0; k < (size_t)ec->L * ec->X; k++)
+            ec->score[k] *= f;
+        ec->base = ec->clock;
+        ec->w = 1;
+    }
 }
 
 int strata_ec_create(struct strata_expert_cache **out, const struct strata_ec_opts *o,
@@ -115,7 +134,7 @@ int strata_ec_create(struct strata_expert_cache **out, const struct strata_ec_op
     ec->is_moe = calloc((size_t)ec->L, 1);
     ec->slot_of = malloc(sizeof(int32_t) * LX);
     ec->score = calloc(LX, sizeof(double));
-    ec->score_t = calloc(LX, sizeof(uint64_t));
+    ec->w = 1;
     ec->prefetched = calloc(LX, 1);
     ec->s_key = malloc(sizeof(int32_t) * S);
     ec->s_state = calloc(S, 1);
@@ -125,7 +144,7 @@ int strata_ec_create(struct strata_expert_cache **out, const struct strata_ec_op
     ec->items = calloc((size_t)ec->X, sizeof *ec->items);
     ec->tmp = calloc((size_t)ec->X, sizeof *ec->tmp);
     ec->st = calloc((size_t)ec->L, sizeof *ec->st);
-    if (!ec->is_moe || !ec->slot_of || !ec->score || !ec->score_t || !ec->prefetched ||
+    if (!ec->is_moe || !ec->slot_of || !ec->score || !ec->prefetched ||
         !ec->s_key || !ec->s_state || !ec->s_pins || !ec->s_last || !ec->cnt || !ec->items ||
         !ec->tmp || !ec->st) {
         rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
@@ -171,7 +190,7 @@ void strata_ec_free(struct strata_expert_cache *ec)
 {
     if (!ec)
         return;
-    free(ec->is_moe); free(ec->slot_of); free(ec->score); free(ec->score_t);
+    free(ec->is_moe); free(ec->slot_of); free(ec->score);
     free(ec->prefetched); free(ec->s_key); free(ec->s_state); free(ec->s_pins);
     free(ec->s_last); free(ec->cnt); free(ec->items); free(ec->tmp); free(ec->st);
     free(ec);
@@ -259,20 +278,33 @@ out:
  * the unpinned resident slots (an in-flight slot is never reused). */
 static int admit(struct strata_expert_cache *ec, int key, int may_evict)
 {
+    /* slots are never freed again, so a monotone cursor finds the free ones */
+    while (ec->free_cursor < ec->S && ec->s_key[ec->free_cursor] >= 0)
+        ec->free_cursor++;
+    if (ec->free_cursor < ec->S)
+        return ec->free_cursor;
+    if (!may_evict || ec->S == 0)
+        return -1;
+    /* the coldest unpinned resident slot: all of them in a small cache, else
+     * a window of SCAN_WINDOW slots that moves on every call (an approximate
+     * minimum, as sampled eviction does, so a miss costs O(1) at any size) */
+    int n = ec->S <= SCAN_ALL ? ec->S : SCAN_WINDOW;
+    int s0 = ec->S <= SCAN_ALL ? 0 : ec->scan;
+    if (ec->S > SCAN_ALL)
+        ec->scan = (ec->scan + SCAN_WINDOW) % ec->S;
     int best = -1;
     double best_s = 0;
-    for (int s = 0; s < ec->S; s++) {
-        if (ec->s_key[s] < 0)
-            return s;
-        if (!may_evict || ec->s_pins[s] || ec->s_state[s] != STRATA_EC_SLOT_RESIDENT)
+    for (int i = 0; i < n; i++) {
+        int s = (s0 + i) % ec->S;
+        if (ec->s_pins[s] || ec->s_state[s] != STRATA_EC_SLOT_RESIDENT)
             continue;
-        double v = ec->o.policy == STRATA_EC_LRU ? (double)ec->s_last[s] : eff(ec, ec->s_key[s]);
+        double v = ec->o.policy == STRATA_EC_LRU ? (double)ec->s_last[s] : ec->score[ec->s_key[s]];
         if (best < 0 || v < best_s) {
             best = s;
             best_s = v;
         }
     }
-    if (best >= 0 && ec->o.policy == STRATA_EC_LFRU && !(eff(ec, key) > best_s))
+    if (best >= 0 && ec->o.policy == STRATA_EC_LFRU && !(ec->score[key] > best_s))
         return -1;
     return best;
 }
@@ -309,7 +341,7 @@ int strata_ec_lookup(struct strata_expert_cache *ec, int il, int n_tok, const in
                                   i / ec->K, sel[i], ec->X);
     memset(plan, 0, sizeof *plan);
     if (il == ec->first_moe)
-        ec->clock += (uint64_t)n_tok;
+        advance(ec, (uint64_t)n_tok);
     ec->tick++;
     /* distinct experts, first-seen order */
     int nd = 0;
