@@ -37,6 +37,9 @@
  *          unpinned resident; otherwise it is streamed through staging.  Every
  *          adapt_every tokens (0 = never: the initial fill stays) the hottest
  *          non-resident experts replace colder residents (hysteresis margin).
+ * A miss costs O(1) at any size: free slots are found by a cursor, and above
+ * 1024 slots the victim is the coldest of a moving window of 256 slots (an
+ * approximate minimum, as sampled eviction does) rather than of all of them.
  *
  * Not thread-safe; one cache per model and device.
  */
