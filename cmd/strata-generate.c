@@ -995,8 +995,9 @@ static int run_serve_stdio(struct strata_engine *e, const struct strata_vocab *v
 
 /* On a GPU backend, run the kernel self-test on the device before the model goes
  * there; refuse a device that fails it (exit 4, and an error event in --serve-stdio
- * mode).  "auto" on a machine whose GPU cannot even start falls back to the CPU in
- * the engine, so only kernel failures refuse it.  Nothing happens in CPU builds. */
+ * mode).  A device that cannot even start is left to the engine, which names the
+ * reason (or falls back to the CPU), so only kernel failures refuse it here.
+ * Nothing happens in CPU builds. */
 static int run_selftest(const struct opts *o)
 {
     struct strata_err err = { 0 };
@@ -1011,9 +1012,8 @@ static int run_selftest(const struct opts *o)
         return fail(&err);
     if (!rep.ran || rep.n_failed == 0)
         return 0;
-    int is_auto = o->eo.backend && strcmp(o->eo.backend, "auto") == 0;
-    if (is_auto && rep.n == 1 && strcmp(rep.r[0].kernel, "init") == 0)
-        return 0;
+    if (rep.n == 1 && strcmp(rep.r[0].kernel, "init") == 0)
+        return 0; /* the device cannot start: the engine says why (or falls back) */
     char sum[400], msg[512];
     strata_selftest_summary(&rep, sum, sizeof sum);
     snprintf(msg, sizeof msg, "%s device %d: %s; strata-probe lists every kernel "
