@@ -91,7 +91,11 @@ void strata_ec_opts_init(struct strata_ec_opts *o);
 /* One demanded expert of a batch. */
 struct strata_ec_item {
     int32_t expert;   /* expert id in the layer */
-    int32_t slot;     /* HIT/FILL: cache slot; STREAM: staging buffer index; CPU: -1 */
+    int32_t slot;     /* HIT/FILL: cache slot; CPU: -1; STREAM: the ordinal of the
+                         stream in this plan (0, 1, ...): a prefill batch may stream
+                         more experts than the plan's 2 * n_expert_used staging
+                         buffers, so the backend cycles them (slot % its count),
+                         reusing a buffer once its expert's compute is done */
     int32_t n_tok;    /* tokens of the batch routed to it */
     int32_t where;    /* enum strata_ec_where */
 };
