@@ -1,4 +1,5 @@
 /* strata-embed - image(s) + mmproj GGUF -> image embeddings for the language model. */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -269,7 +270,8 @@ int main(int argc, char **argv)
     if (output) {
         out = fopen(output, "wb");
         if (!out) {
-            rc = strata_err_set(&err, STRATA_E_IO, "cannot create '%s'", output);
+            rc = strata_err_set(&err, STRATA_E_IO, "cannot create '%s': %s", output,
+                                strerror(errno));
             goto out;
         }
     } else if (isatty(1)) {

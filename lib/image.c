@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <stb/stb_image.h>
 
@@ -75,6 +76,12 @@ int strata_image_load(struct strata_image *img, const char *path, struct strata_
     int rc = 0;
     uint8_t *buf = NULL;
     long size = -1;
+    struct stat st;
+    if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode)) {
+        rc = strata_err_set(err, STRATA_E_IO, "cannot read image '%s': %s", path,
+                            S_ISDIR(st.st_mode) ? strerror(EISDIR) : "not a regular file");
+        goto out;
+    }
     if (fseek(f, 0, SEEK_END) == 0)
         size = ftell(f);
     if (size < 0 || fseek(f, 0, SEEK_SET) != 0) {

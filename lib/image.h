@@ -30,7 +30,8 @@ struct strata_image {
 };
 
 /* Decode an image file / a buffer (name used in messages).  Errors:
- * STRATA_E_IO (cannot read), STRATA_E_FORMAT (not an image, truncated or
+ * STRATA_E_IO (cannot read; path a directory or not a regular file),
+ * STRATA_E_FORMAT (not an image, truncated or
  * corrupt: the message has the decoder's reason), STRATA_E_LIMIT (larger
  * than STRATA_IMAGE_MAX_SIDE / _MAX_PIXELS), STRATA_E_NOMEM. */
 int strata_image_load(struct strata_image *img, const char *path, struct strata_err *err);

@@ -48,6 +48,13 @@ check "truncated PNG: exit 3" test $rc -eq 3
 check "image given as the model: exit 3" test $rc -eq 3
 "$E" -m "$M" "$T/missing.png" >/dev/null 2>"$T/err"; rc=$?
 check "missing image: exit 1 and named" grep -q "cannot open '$T/missing.png'" "$T/err"
+mkdir -p "$T/dir.png"
+"$E" -m "$M" "$T/dir.png" >/dev/null 2>"$T/err"; rc=$?
+check "directory as the image: exit 1" test $rc -eq 1
+check "directory as the image: named" grep -q "cannot read image '$T/dir.png': Is a directory" "$T/err"
+"$E" -m "$M" --max-pixels 50000 -o "$T/dir.png" "$IMG" >/dev/null 2>"$T/err"; rc=$?
+check "-o a directory: exit 1" test $rc -eq 1
+check "-o a directory: the reason" grep -q "cannot create '$T/dir.png': Is a directory" "$T/err"
 
 # the helper: health, embed, a bad image, a too-large body, and still serving
 "$E" -m "$M" --serve --port 0 --max-pixels 50000 2>"$T/serve.log" &
