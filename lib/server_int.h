@@ -189,6 +189,9 @@ void srv_stream_free(struct srv_stream *st);
  * request; each image part's place in the rendered prompt is marked by
  * SRV_IMAGE_MARKER. */
 #define SRV_IMAGE_MARKER "<|strata-image|>"
+/* Checks each model's projector (--mmproj or the pack's) opens as a GGUF
+ * with clip.projector_type, then starts its supervisor.  Errors: those of
+ * strata_gguf_open / a missing key, prefixed with the model id; NOMEM; IO. */
 int srv_vision_start(struct srv *s, struct strata_err *err);
 void srv_vision_stop(struct srv *s);
 /* 1 once the model's helper answered its /health. */

@@ -24,6 +24,7 @@
 
 #include <curl/curl.h>
 
+#include "gguf.h"
 #include "log.h"
 
 #define VIS_MAX_IMAGE (20u << 20)   /* bytes of one fetched image */
@@ -356,6 +357,22 @@ static char *pack_mmproj(const char *path)
     return out;
 }
 
+/* A vision projector must open as a GGUF with clip.projector_type before
+ * the helper is started on it: a file the helper cannot load is an error of
+ * the server's command line, not a helper to restart forever. */
+static int check_mmproj(const char *id, const char *path, struct strata_err *err)
+{
+    struct strata_gguf *g = NULL;
+    const char *proj = NULL;
+    int rc = strata_gguf_open(&g, path, err);
+    if (!rc)
+        rc = strata_gguf_get_str(g, "clip.projector_type", &proj, err);
+    strata_gguf_close(g);
+    if (rc)
+        strata_err_wrap(err, "model '%s': vision projector", id);
+    return rc;
+}
+
 int srv_vision_start(struct srv *s, struct strata_err *err)
 {
     const struct strata_server_opts *o = s->o;
@@ -365,6 +382,11 @@ int srv_vision_start(struct srv *s, struct strata_err *err)
         char *from_pack = mm ? NULL : pack_mmproj(s->models[i].path);
         if (!mm && !from_pack)
             continue;
+        int rc = check_mmproj(s->models[i].id, mm ? mm : from_pack, err);
+        if (rc) {
+            free(from_pack);
+            return rc;
+        }
         struct srv_vision *v = calloc(1, sizeof *v);
         if (!v || !(v->mmproj = mm ? strdup(mm) : from_pack)) {
             free(v);
@@ -375,7 +397,7 @@ int srv_vision_start(struct srv *s, struct strata_err *err)
         pthread_mutex_init(&v->mu, NULL);
         pthread_cond_init(&v->cv, NULL);
         s->models[i].vision = v;
-        strata_log_info("model '%s': vision helper for %s", v->model->id, mm);
+        strata_log_info("model '%s': vision helper for %s", v->model->id, v->mmproj);
         if (pthread_create(&v->thread, NULL, supervise, v))
             return strata_err_set(err, STRATA_E_IO, "cannot start the vision supervisor");
         v->thread_started = 1;

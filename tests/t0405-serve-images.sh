@@ -125,5 +125,18 @@ done
 is "$(curl -s "$URL/health" | jget o.images)" true "pack: /health images true"
 post /v1/chat/completions "$(chat tv "$(durl "$TMP/small.png")" "What is this?")" >"$TMP/r8"
 is "$(status)" 200 "pack: an image request succeeds"
+ok "$(grep -q "vision helper for .*/mmproj-tinyvl-F16.gguf$" "$TMP/server.log"; echo $?)" \
+    "pack: the log names the pack's projector"
 stop_server
+
+# a projector that cannot load stops the server at start, naming it
+printf 'not a gguf\n' >"$TMP/bad-mmproj.gguf"
+start_server -m "$M" --mmproj "$TMP/bad-mmproj.gguf" --threads 2
+is "$?/$SERVER_RC" "1/3" "a non-GGUF --mmproj: exit 3 at start"
+ok "$(grep -q "model 'tinycoder-moe-F16': vision projector: '$TMP/bad-mmproj.gguf': not a gguf" \
+    "$TMP/server.log"; echo $?)" "a non-GGUF --mmproj: named"
+start_server -m "$M" --mmproj "$M" --threads 2
+is "$?/$SERVER_RC" "1/3" "a language model as --mmproj: exit 3 at start"
+ok "$(grep -q "clip.projector_type" "$TMP/server.log"; echo $?)" \
+    "a language model as --mmproj: the missing key named"
 done_testing
