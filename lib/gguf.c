@@ -257,8 +257,7 @@ static int rd_str(struct cur *c, struct strata_gguf_str *s, const char *what)
     return 0;
 }
 
-/* Bytes of one element of a fixed-size value type; 0 for string/array. */
-static uint64_t vtype_size(uint32_t t)
+uint64_t strata_gguf_vtype_size(uint32_t t)
 {
     switch (t) {
     case STRATA_GGUF_UINT8:
@@ -308,7 +307,7 @@ static int parse_arr(struct cur *c, struct arena *a, const char *key, struct str
     if (t == STRATA_GGUF_ARRAY && depth + 1 >= MAX_DEPTH)
         return fail(c, STRATA_E_FORMAT, "key '%s': arrays nested more than %d deep", key,
                     MAX_DEPTH);
-    uint64_t esz = vtype_size(t);
+    uint64_t esz = strata_gguf_vtype_size(t);
     uint64_t emin = esz ? esz : t == STRATA_GGUF_STRING ? 8 : 12;
     if (n > left(c) / emin)
         return fail(c, STRATA_E_FORMAT,
@@ -356,7 +355,7 @@ static int parse_arr(struct cur *c, struct arena *a, const char *key, struct str
 
 static int parse_value(struct cur *c, struct arena *a, struct strata_gguf_kv *kv)
 {
-    uint64_t esz = vtype_size(kv->type);
+    uint64_t esz = strata_gguf_vtype_size(kv->type);
     const uint8_t *p = c->base + c->pos;
     char what[STRATA_ERR_MSG_MAX / 4];
     int rc;

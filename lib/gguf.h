@@ -166,6 +166,9 @@ int64_t strata_gguf_arr_i64(const struct strata_gguf_arr *a, uint64_t i);
 
 /* Name of a value type ("u32", "string", "array"...). */
 const char *strata_gguf_vtype_name(uint32_t type);
+/* Bytes of one element of a fixed-size value type (1 for u8/i8/bool, 2, 4
+ * or 8); 0 for string, array and unknown type ids. */
+uint64_t strata_gguf_vtype_size(uint32_t type);
 
 /* Tensors, in file order (shard 0 first). */
 uint64_t strata_gguf_n_tensors(const struct strata_gguf *g);

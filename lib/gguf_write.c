@@ -234,33 +234,10 @@ int strata_gguf_writer_add_str(struct strata_gguf_writer *w, const char *key, co
     return strata_gguf_writer_add_strn(w, key, s, strlen(s), err);
 }
 
-static uint64_t elem_size(uint32_t t)
-{
-    switch (t) {
-    case STRATA_GGUF_UINT8:
-    case STRATA_GGUF_INT8:
-    case STRATA_GGUF_BOOL:
-        return 1;
-    case STRATA_GGUF_UINT16:
-    case STRATA_GGUF_INT16:
-        return 2;
-    case STRATA_GGUF_UINT32:
-    case STRATA_GGUF_INT32:
-    case STRATA_GGUF_FLOAT32:
-        return 4;
-    case STRATA_GGUF_UINT64:
-    case STRATA_GGUF_INT64:
-    case STRATA_GGUF_FLOAT64:
-        return 8;
-    default:
-        return 0;
-    }
-}
-
 int strata_gguf_writer_add_arr(struct strata_gguf_writer *w, const char *key, uint32_t elem_type,
                                const void *data, uint64_t n, struct strata_err *err)
 {
-    uint64_t es = elem_size(elem_type);
+    uint64_t es = strata_gguf_vtype_size(elem_type);
     if (!es)
         return strata_err_set(err, STRATA_E_INVALID,
                               "gguf writer: key '%s': element type %s is not a fixed-size type",
@@ -298,7 +275,7 @@ static int put_arr(struct buf *b, const struct strata_gguf_arr *a, int depth, co
         return strata_err_set(err, STRATA_E_INVALID, "gguf writer: key '%s' nests too deep", key);
     buf_u32(b, a->type);
     buf_u64(b, a->n);
-    uint64_t es = elem_size(a->type);
+    uint64_t es = strata_gguf_vtype_size(a->type);
     if (es) {
         if (a->n > SIZE_MAX / es)
             return strata_err_set(err, STRATA_E_NOMEM, "gguf writer: key '%s' too large", key);

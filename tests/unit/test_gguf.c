@@ -581,6 +581,22 @@ static void test_many(void)
 }
 
 /* Version 2 has the same layout as 3 (64-bit counts); both are read. */
+/* Element sizes of the value types (GGUF spec, "gguf_metadata_value_type"):
+ * used both when reading arrays and when writing them. */
+static void test_vtype_size(void)
+{
+    ok(strata_gguf_vtype_size(STRATA_GGUF_UINT8) == 1 &&
+           strata_gguf_vtype_size(STRATA_GGUF_BOOL) == 1 &&
+           strata_gguf_vtype_size(STRATA_GGUF_INT16) == 2 &&
+           strata_gguf_vtype_size(STRATA_GGUF_FLOAT32) == 4 &&
+           strata_gguf_vtype_size(STRATA_GGUF_UINT64) == 8 &&
+           strata_gguf_vtype_size(STRATA_GGUF_FLOAT64) == 8,
+       "vtype_size: 1, 2, 4, 8 bytes for the fixed-size types");
+    ok(strata_gguf_vtype_size(STRATA_GGUF_STRING) == 0 &&
+           strata_gguf_vtype_size(STRATA_GGUF_ARRAY) == 0 && strata_gguf_vtype_size(13) == 0,
+       "vtype_size: 0 for string, array and an unknown id");
+}
+
 static void test_v2(void)
 {
     struct strata_err e = {0};
@@ -617,6 +633,7 @@ int main(void)
     test_copy();
     test_many();
     test_v2();
+    test_vtype_size();
     {
         struct strata_err e = {0};
         struct strata_gguf *g = NULL;
