@@ -191,6 +191,14 @@ static int add_item(struct job *j, const char *src, uint64_t size, int approx, i
         return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
     j->n++;
     it->remote = strata_download_is_remote(it->src);
+    if (it->remote) {
+        /* a malformed hf: source is refused before the plan is printed */
+        char *url = NULL;
+        int rc = strata_download_resolve(it->src, &url, err);
+        free(url);
+        if (rc)
+            return rc;
+    }
     it->size = size;
     it->approx = approx;
     it->mmproj = mmproj;

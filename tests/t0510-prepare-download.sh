@@ -65,8 +65,9 @@ HF_TOKEN=hf_secret "$P" --out "$O" --name tok2 $fast "http://127.0.0.1:$PORT/sub
     >/dev/null 2>&1
 check "HF_TOKEN not sent to other hosts" sh -c "! tail -n 1 '$T/log' | grep -q auth="
 HF_ENDPOINT="http://127.0.0.1:$PORT" "$P" --out "$O" --name hfbad hf:someone/tc.gguf \
-    >/dev/null 2>"$T/e2b"; rc=$?
+    >"$T/o2b" 2>"$T/e2b"; rc=$?
 check "malformed hf: source: exit 2" sh -c "test $rc -eq 2 && grep -q 'expected hf:OWNER/REPO/PATH' '$T/e2b'"
+check "malformed hf: source: refused before the plan" sh -c "! grep -q '^plan for' '$T/o2b'"
 
 # --- cut halfway: resumes with Range in the same run -----------------------------------
 serve --fault cut --fault-count 1
