@@ -652,6 +652,11 @@ static void produce(struct srv_stream *st)
                 upto = i - 1;
                 break;
             }
+        /* the final parse drops whitespace before a call: hold it back until
+         * it is known whether markup follows, so the stream equals the whole */
+        while (upto > st->released && (st->text[upto - 1] == ' ' || st->text[upto - 1] == '\n' ||
+                                       st->text[upto - 1] == '\t' || st->text[upto - 1] == '\r'))
+            upto--;
         if (upto > st->released) {
             cJSON *msg = parse_msg(st, upto);
             if (msg)
