@@ -1,6 +1,7 @@
 /* pack.c - pack reader, writer, verifier (format: man/strata-pack.5). */
 #include "pack.h"
 
+#include "json_util.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -341,23 +342,6 @@ static cJSON *jshape(const struct strata_gguf_tensor *t)
     return a;
 }
 
-/* A non-negative integer member below 2^53; -1 when missing or not one. */
-static int64_t jget_u(const cJSON *o, const char *k)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!cJSON_IsNumber(v))
-        return -1;
-    double d = v->valuedouble;
-    if (d < 0 || d > 9007199254740992.0 || d != (double)(int64_t)d)
-        return -1;
-    return (int64_t)d;
-}
-
-static const char *jget_s(const cJSON *o, const char *k)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
 
 /* ---- build ------------------------------------------------------------- */
 
@@ -1120,11 +1104,11 @@ static int check_index(struct strata_pack *p, const cJSON *root, const char *pj,
                               "'%s': tensor index does not match the GGUF (%" PRIu64
                               " tensors)", pj, strata_gguf_n_tensors(p->g));
     cJSON_ArrayForEach(t, tens) {
-        const char *name = jget_s(t, "name"), *type = jget_s(t, "type");
+        const char *name = strata_json_get_s(t, "name"), *type = strata_json_get_s(t, "type");
         const struct strata_gguf_tensor *gt = name ? strata_gguf_find_tensor(p->g, name) : NULL;
         if (!gt || !type || strata_ggml_type_from_name(type) != (int)gt->type ||
-            jget_u(t, "source") != gt->shard || jget_u(t, "offset") != (int64_t)gt->offset ||
-            jget_u(t, "size") != (int64_t)gt->n_bytes)
+            strata_json_get_u(t, "source") != gt->shard || strata_json_get_u(t, "offset") != (int64_t)gt->offset ||
+            strata_json_get_u(t, "size") != (int64_t)gt->n_bytes)
             return strata_err_set(err, STRATA_E_FORMAT,
                                   "'%s': index entry of tensor '%s' does not match the GGUF",
                                   pj, name ? name : "?");
@@ -1138,22 +1122,22 @@ static int check_index(struct strata_pack *p, const cJSON *root, const char *pj,
         return strata_err_set(err, STRATA_E_FORMAT,
                               "'%s': expert index does not match the GGUF", pj);
     cJSON_ArrayForEach(ly, layers) {
-        int64_t il = jget_u(ly, "layer");
+        int64_t il = strata_json_get_u(ly, "layer");
         const struct strata_pack_layer *L =
             il >= 0 && il < p->n_layer ? &p->layers[il] : NULL;
         const cJSON *parts = cJSON_GetObjectItemCaseSensitive(ly, "parts");
-        if (!L || !L->n_parts || jget_u(ly, "record_offset") != (int64_t)L->record_offset ||
-            jget_u(ly, "record_size") != (int64_t)L->record_size ||
+        if (!L || !L->n_parts || strata_json_get_u(ly, "record_offset") != (int64_t)L->record_offset ||
+            strata_json_get_u(ly, "record_size") != (int64_t)L->record_size ||
             !cJSON_IsArray(parts) || (uint32_t)cJSON_GetArraySize(parts) != L->n_parts)
             return strata_err_set(err, STRATA_E_FORMAT,
                                   "'%s': expert index of layer %" PRId64
                                   " does not match the GGUF", pj, il);
         for (uint32_t k = 0; k < L->n_parts; k++) {
             const cJSON *pt = cJSON_GetArrayItem(parts, (int)k);
-            const char *tn = jget_s(pt, "tensor");
+            const char *tn = strata_json_get_s(pt, "tensor");
             if (!tn || strcmp(tn, L->part[k].tensor) ||
-                jget_u(pt, "offset") != (int64_t)L->part[k].rec_offset ||
-                jget_u(pt, "size") != (int64_t)L->part[k].n_bytes)
+                strata_json_get_u(pt, "offset") != (int64_t)L->part[k].rec_offset ||
+                strata_json_get_u(pt, "size") != (int64_t)L->part[k].n_bytes)
                 return strata_err_set(err, STRATA_E_FORMAT,
                                       "'%s': expert part %u of layer %" PRId64
                                       " does not match the GGUF", pj, k, il);
@@ -1210,8 +1194,8 @@ static int open_dir(struct strata_pack *p, const char *dir, struct strata_err *e
         goto out;
     }
     root = cJSON_Parse(text);
-    const char *fmt = jget_s(root, "format"), *mode = jget_s(root, "mode");
-    int64_t ver = jget_u(root, "version");
+    const char *fmt = strata_json_get_s(root, "format"), *mode = strata_json_get_s(root, "mode");
+    int64_t ver = strata_json_get_u(root, "version");
     if (!root || !fmt || strcmp(fmt, "strata-pack") || ver < 1 || !mode) {
         rc = strata_err_set(err, STRATA_E_FORMAT, "'%s' is not a strata pack description", pj);
         goto out;
@@ -1225,10 +1209,10 @@ static int open_dir(struct strata_pack *p, const char *dir, struct strata_err *e
     p->mode = strcmp(mode, "repacked") == 0 ? STRATA_PACK_REPACKED : STRATA_PACK_NATIVE;
     srcs = cJSON_GetObjectItemCaseSensitive(root, "sources");
     cJSON_ArrayForEach(s, srcs) {
-        const char *path = jget_s(s, "path"), *role = jget_s(s, "role");
-        int64_t size = jget_u(s, "size");
+        const char *path = strata_json_get_s(s, "path"), *role = strata_json_get_s(s, "role");
+        int64_t size = strata_json_get_u(s, "size");
         char *full;
-        if (!path || size < 0 || !strata_sha256_is_hex(jget_s(s, "sha256"))) {
+        if (!path || size < 0 || !strata_sha256_is_hex(strata_json_get_s(s, "sha256"))) {
             rc = strata_err_set(err, STRATA_E_FORMAT, "'%s': bad entry in \"sources\"", pj);
             goto out;
         }
@@ -1287,12 +1271,12 @@ static int open_dir(struct strata_pack *p, const char *dir, struct strata_err *e
     if (rc)
         goto out;
     const cJSON *mem = cJSON_GetObjectItemCaseSensitive(root, "memory");
-    int64_t nctx = jget_u(mem, "n_ctx");
+    int64_t nctx = strata_json_get_u(mem, "n_ctx");
     p->n_ctx_recorded = nctx > 0 && nctx <= UINT32_MAX ? (uint32_t)nctx : 0;
     p->low_ram = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(mem, "low_ram"));
     if (p->mode == STRATA_PACK_REPACKED) {
         const cJSON *x = cJSON_GetObjectItemCaseSensitive(root, "experts");
-        int64_t size = jget_u(x, "size");
+        int64_t size = strata_json_get_u(x, "size");
         p->experts_size = experts_bin_size(p->layers, p->n_layer);
         bin = path_join(dir, EXPERTS_BIN);
         if (!bin) {
@@ -1637,9 +1621,9 @@ int strata_pack_verify(const char *dir, strata_pack_progress_fn progress, void *
      * every file hashed, several side by side */
     cJSON_ArrayForEach(s, srcs) {
         struct vfile *f = &v.f[v.n++];
-        f->path = source_path(p->dir, jget_s(s, "path"));
-        f->size = (uint64_t)jget_u(s, "size");
-        f->want = jget_s(s, "sha256");
+        f->path = source_path(p->dir, strata_json_get_s(s, "path"));
+        f->size = (uint64_t)strata_json_get_u(s, "size");
+        f->want = strata_json_get_s(s, "sha256");
         if (!f->path) {
             rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
             goto out;
@@ -1649,7 +1633,7 @@ int strata_pack_verify(const char *dir, strata_pack_progress_fn progress, void *
         struct vfile *f = &v.f[v.n++];
         f->path = path_join(p->dir, EXPERTS_BIN);
         f->size = p->experts_size;
-        f->want = jget_s(x, "sha256");
+        f->want = strata_json_get_s(x, "sha256");
         if (!f->path || !strata_sha256_is_hex(f->want)) {
             rc = strata_err_set(err, f->path ? STRATA_E_FORMAT : STRATA_E_NOMEM,
                                 "'%s': experts.bin has no valid sha256", pj);

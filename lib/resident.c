@@ -1,6 +1,7 @@
 /* resident.c - resident images of packs in POSIX shared memory. */
 #include "resident.h"
 
+#include "json_util.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -161,23 +162,6 @@ out:
     return rc;
 }
 
-/* A non-negative integer member below 2^53; -1 when missing or not one. */
-static int64_t jget_u(const cJSON *o, const char *k)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!cJSON_IsNumber(v))
-        return -1;
-    double d = v->valuedouble;
-    if (d < 0 || d > 9007199254740992.0 || d != (double)(int64_t)d)
-        return -1;
-    return (int64_t)d;
-}
-
-static const char *jget_s(const cJSON *o, const char *k)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
-}
 
 /* ---- describe ---------------------------------------------------------- */
 
@@ -243,7 +227,7 @@ int strata_resident_describe(const char *path, struct strata_resident_pack *out,
         goto out;
     }
     root = cJSON_Parse(text);
-    const char *fmt = jget_s(root, "format"), *mode = jget_s(root, "mode");
+    const char *fmt = strata_json_get_s(root, "format"), *mode = strata_json_get_s(root, "mode");
     if (!root || !fmt || strcmp(fmt, "strata-pack") || !mode) {
         rc = strata_err_set(err, STRATA_E_FORMAT, "'%s' is not a strata pack description", pj);
         goto out;
@@ -260,15 +244,15 @@ int strata_resident_describe(const char *path, struct strata_resident_pack *out,
         goto out;
     }
     copy_str(out->dir, sizeof(out->dir), dir);
-    const char *pname = jget_s(root, "name");
+    const char *pname = strata_json_get_s(root, "name");
     const char *base = strrchr(dir, '/');
     copy_str(out->pack_name, sizeof(out->pack_name), pname ? pname : base ? base + 1 : dir);
     cJSON_ArrayForEach(s, srcs) {
-        const char *role = jget_s(s, "role");
+        const char *role = strata_json_get_s(s, "role");
         if (role && strcmp(role, "model")) /* mmproj and the like: not the engine's */
             continue;
-        rc = add_file(out, dir, jget_s(s, "path"), "model", jget_u(s, "size"),
-                      jget_s(s, "sha256"), pj, err);
+        rc = add_file(out, dir, strata_json_get_s(s, "path"), "model", strata_json_get_u(s, "size"),
+                      strata_json_get_s(s, "sha256"), pj, err);
         if (rc)
             goto out;
     }
@@ -278,9 +262,9 @@ int strata_resident_describe(const char *path, struct strata_resident_pack *out,
     }
     if (strcmp(mode, "repacked") == 0) {
         const cJSON *x = cJSON_GetObjectItemCaseSensitive(root, "experts");
-        const char *file = jget_s(x, "file");
-        rc = add_file(out, dir, file ? file : "experts.bin", "experts", jget_u(x, "size"),
-                      jget_s(x, "sha256"), pj, err);
+        const char *file = strata_json_get_s(x, "file");
+        rc = add_file(out, dir, file ? file : "experts.bin", "experts", strata_json_get_u(x, "size"),
+                      strata_json_get_s(x, "sha256"), pj, err);
         if (rc)
             goto out;
     }
