@@ -515,6 +515,13 @@ static int embed_one(struct srv_model *m, const struct body *img, const char *pa
     snprintf(url, sizeof url, "http://127.0.0.1:%d/embed", port);
     const char *e = http(url, img->p, img->n, 300.0, &out, &st);
     if (e || st == 0) {
+        /* the helper died (or hangs): until the supervisor has restarted it
+         * and seen /health answer, later requests wait instead of using the
+         * dead port */
+        pthread_mutex_lock(&v->mu);
+        if (v->port == port)
+            v->ready = 0;
+        pthread_mutex_unlock(&v->mu);
         srv_reply_error(r, 500, "server_error", param,
                         "'%s': the vision helper of model '%s' failed (%s); it is restarted",
                         param, m->id, e ? e : "no answer");
