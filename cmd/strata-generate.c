@@ -1601,7 +1601,7 @@ int main(int argc, char **argv)
     g = strata_pack_gguf(pk);
     o.eo.pack = pk;
     if (strata_vocab_load(&v, g, &err)) {
-        strata_err_wrap(&err, "'%s': ", o.model);
+        strata_err_wrap(&err, "'%s'", o.model);
         ret = fail(&err);
         goto out;
     }
@@ -1626,7 +1626,7 @@ int main(int argc, char **argv)
     if (!o.no_selftest && (ret = run_selftest(&o)) != 0)
         goto out;
     if (strata_engine_open_gguf(&e, g, &o.eo, &err)) {
-        strata_err_wrap(&err, "'%s': ", o.model);
+        strata_err_wrap(&err, "'%s'", o.model);
         ret = fail(&err);
         goto out;
     }
@@ -1647,5 +1647,13 @@ out:
     strata_engine_close(e);
     strata_vocab_free(v);
     strata_pack_close(pk);
+    /* text that never reached its destination (a full disk, a closed pipe) is
+     * a failure, not a success */
+    int had_error = ferror(stdout);
+    if ((fflush(stdout) != 0 || had_error) && ret == 0) {
+        fprintf(stderr, "%s: cannot write the output: %s\n", PROG,
+                had_error ? "a write to standard output failed" : strerror(errno));
+        ret = STRATA_EXIT_FAILURE;
+    }
     return ret;
 }

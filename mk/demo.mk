@@ -3,7 +3,7 @@
 DEMO_MODEL  := tests/data/tinycoder-moe-Q4_K_M.gguf
 DEMO_PROMPT := class Config:\n    def __init__(self
 
-demo: deps-quiet $(BINDIR)/strata-generate
+demo: all
 	@$(BINDIR)/strata-generate -m $(DEMO_MODEL) -p "$$(printf '$(DEMO_PROMPT)')" \
 	    -n 64 --temp 0 --echo
 	@echo

@@ -77,4 +77,10 @@ check "--chat: the rendered prompt is longer ($np_chat > $np_raw tokens)" test "
 "$G" -m "$M" -p "Once upon a time" --dump-logits "$T/l.f32" -t 2; rc=$?
 n=$("$G" -m "$M" -p "Once upon a time" -n 0 --json | grep -o '"n_prompt":[0-9]*' | cut -d: -f2)
 check "--dump-logits writes n_prompt x 512 floats" test "$(stat -c %s "$T/l.f32")" -eq $((n * 512 * 4))
+# output that cannot be written is a failure, not a silent success
+"$G" -m "$M" -p "Once upon a time" -n 4 -t 2 >/dev/full 2>"$T/full.err"; rc=$?
+check "generation to a full device: exit 1" test $rc -eq 1
+check "generation to a full device: said" grep -q 'cannot write the output' "$T/full.err"
+"$G" -m "$M" --tokenize hello >/dev/full 2>/dev/null; rc=$?
+check "--tokenize to a full device: exit 1" test $rc -eq 1
 done_testing
