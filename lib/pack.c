@@ -1040,40 +1040,6 @@ out:
 
 /* ---- open -------------------------------------------------------------- */
 
-static int read_text(const char *path, char **out, struct strata_err *err)
-{
-    int rc = 0;
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    long n;
-    if (!f)
-        return strata_err_set(err, errno == ENOENT ? STRATA_E_NOTFOUND : STRATA_E_IO,
-                              "cannot open '%s': %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET)) {
-        rc = strata_err_set(err, STRATA_E_IO, "cannot read '%s'", path);
-        goto out;
-    }
-    if (n > (256l << 20)) {
-        rc = strata_err_set(err, STRATA_E_FORMAT, "'%s' is too large (%ld bytes)", path, n);
-        goto out;
-    }
-    buf = malloc((size_t)n + 1);
-    if (!buf) {
-        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
-        goto out;
-    }
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        rc = strata_err_set(err, STRATA_E_IO, "cannot read '%s'", path);
-        goto out;
-    }
-    buf[n] = 0;
-    *out = buf;
-    buf = NULL;
-out:
-    free(buf);
-    fclose(f);
-    return rc;
-}
 
 /* Resolve a source path recorded in pack.json (malloc'ed). */
 static char *source_path(const char *dir, const char *p)
@@ -1187,7 +1153,7 @@ static int open_dir(struct strata_pack *p, const char *dir, struct strata_err *e
     uint32_t n_model = 0;
     if (!pj)
         return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
-    rc = read_text(pj, &text, err);
+    rc = strata_json_read_text(pj, &text, err);
     if (rc) {
         if (rc == STRATA_E_NOTFOUND)
             strata_err_set(err, rc, "'%s' is not a pack: no %s", dir, PACK_JSON);
@@ -1602,7 +1568,7 @@ int strata_pack_verify(const char *dir, strata_pack_progress_fn progress, void *
         rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
         goto out;
     }
-    rc = read_text(pj, &text, err);
+    rc = strata_json_read_text(pj, &text, err);
     if (rc)
         goto out;
     root = cJSON_Parse(text);

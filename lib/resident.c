@@ -128,39 +128,6 @@ static uint64_t mem_available(void)
     return kb * 1024;
 }
 
-static int read_text(const char *path, char **out, struct strata_err *err)
-{
-    int rc = 0;
-    FILE *f = fopen(path, "rb");
-    char *buf = NULL;
-    long n;
-    if (!f)
-        return strata_err_set(err, errno == ENOENT ? STRATA_E_NOTFOUND : STRATA_E_IO,
-                              "cannot open '%s': %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) || (n = ftell(f)) < 0 || fseek(f, 0, SEEK_SET)) {
-        rc = strata_err_set(err, STRATA_E_IO, "cannot read '%s'", path);
-        goto out;
-    }
-    if (n > (256l << 20)) {
-        rc = strata_err_set(err, STRATA_E_FORMAT, "'%s' is too large (%ld bytes)", path, n);
-        goto out;
-    }
-    if (!(buf = malloc((size_t)n + 1))) {
-        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
-        goto out;
-    }
-    if (fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        rc = strata_err_set(err, STRATA_E_IO, "cannot read '%s'", path);
-        goto out;
-    }
-    buf[n] = 0;
-    *out = buf;
-    buf = NULL;
-out:
-    free(buf);
-    fclose(f);
-    return rc;
-}
 
 
 /* ---- describe ---------------------------------------------------------- */
@@ -221,7 +188,7 @@ int strata_resident_describe(const char *path, struct strata_resident_pack *out,
     if (realpath(dir, abs) && strlen(abs) < sizeof(dir))
         strcpy(dir, abs);
     snprintf(pj, sizeof(pj), "%s/pack.json", dir);
-    if ((rc = read_text(pj, &text, err))) {
+    if ((rc = strata_json_read_text(pj, &text, err))) {
         if (rc == STRATA_E_NOTFOUND)
             strata_err_set(err, rc, "'%s' is not a pack: no pack.json", path);
         goto out;
