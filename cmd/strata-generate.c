@@ -1488,7 +1488,15 @@ int main(int argc, char **argv)
                 bad = 1;
             }
             break;
-        case OPT_BACKEND: o.eo.backend = optarg; break;
+        case OPT_BACKEND:
+            o.eo.backend = optarg;
+            if (strcmp(optarg, "cpu") && strcmp(optarg, "auto") && strcmp(optarg, "cuda") &&
+                strcmp(optarg, "hip")) {
+                fprintf(stderr, "%s: invalid --backend '%s' (cpu, auto, cuda, hip)\n", PROG,
+                        optarg);
+                bad = 1;
+            }
+            break;
         case OPT_PPL: o.perplexity = optarg; break;
         case OPT_CHUNKS: bad = parse_int("--chunks", optarg, 1, INT_MAX, &o.chunks); break;
         case OPT_DUMP: o.dump_logits = optarg; break;

@@ -83,4 +83,7 @@ check "generation to a full device: exit 1" test $rc -eq 1
 check "generation to a full device: said" grep -q 'cannot write the output' "$T/full.err"
 "$G" -m "$M" --tokenize hello >/dev/full 2>/dev/null; rc=$?
 check "--tokenize to a full device: exit 1" test $rc -eq 1
+"$G" -m "$M" --backend foo -p hi 2>"$T/be.err" >/dev/null; rc=$?
+check "--backend foo: usage error, exit 2" test $rc -eq 2
+check "--backend foo: named" grep -q "invalid --backend 'foo'" "$T/be.err"
 done_testing
