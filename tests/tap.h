@@ -55,4 +55,30 @@ static const char *tap_fixtures(void)
     return f && *f ? f : "../shared/fixtures";
 }
 
+/* The whole file at path plus a terminating NUL, malloc'ed (the caller
+ * frees); *len (may be NULL) gets its size in bytes.  NULL when the file
+ * cannot be opened or read. */
+__attribute__((unused))
+static void *tap_slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    char *b = NULL;
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0)
+        b = malloc((size_t)n + 1);
+    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    if (!b)
+        return NULL;
+    b[n] = '\0';
+    if (len)
+        *len = (size_t)n;
+    return b;
+}
+
 #endif

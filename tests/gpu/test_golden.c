@@ -23,27 +23,6 @@ static const char *backend(void)
     return b && *b ? b : "cuda";
 }
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    if (b)
-        b[n] = 0;
-    fclose(f);
-    if (len)
-        *len = (size_t)n;
-    return b;
-}
-
 static int32_t *json_ids(const cJSON *a, int *n)
 {
     *n = cJSON_GetArraySize(a);
@@ -72,7 +51,7 @@ static void golden_hf(const char *model, const char *refname)
     struct strata_vocab *v = NULL;
     struct strata_engine *e = NULL;
     snprintf(path, sizeof path, "%s/ref/%s", tap_fixtures(), refname);
-    char *js = slurp(path, NULL);
+    char *js = tap_slurp(path, NULL);
     cJSON *ref = js ? cJSON_Parse(js) : NULL;
     free(js);
     if (!ok(ref != NULL, "read %s", path))
@@ -95,7 +74,7 @@ static void golden_hf(const char *model, const char *refname)
         snprintf(path, sizeof path, "%s/ref/%s", tap_fixtures(),
                  cJSON_GetObjectItem(p, "logits_file")->valuestring);
         size_t rl_len = 0;
-        float *rl = (float *)slurp(path, &rl_len);
+        float *rl = (float *)tap_slurp(path, &rl_len);
         float *l = malloc(sizeof *l * (size_t)n * nv);
         rc = strata_engine_rollback(e, 0, &err);
         if (!rc)

@@ -11,26 +11,6 @@
 #include "chat.h"
 #include "tap.h"
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    size_t k = 0;
-    if (p) {
-        k = fread(p, 1, (size_t)n, f);
-        p[k] = 0;
-    }
-    fclose(f);
-    if (len)
-        *len = k;
-    return p;
-}
-
 struct turn {
     const char *tmpl;
     enum strata_chat_format format;
@@ -98,7 +78,7 @@ static void round_trip_reference(const cJSON *ref)
         char path[4096];
         snprintf(path, sizeof path, "%s/templates/%s", tap_fixtures(), t->tmpl);
         size_t len;
-        char *src = slurp(path, &len);
+        char *src = tap_slurp(path, &len);
         ok(src && strata_chat_detect_format(src, len) == t->format, "%s: format detected as %s",
            t->tmpl, strata_chat_format_name(t->format));
         free(src);
@@ -148,7 +128,7 @@ static void round_trip_reasoning(void)
         char path[4096];
         snprintf(path, sizeof path, "%s/templates/%s", tap_fixtures(), t->tmpl);
         size_t len;
-        char *src = slurp(path, &len);
+        char *src = tap_slurp(path, &len);
         struct strata_chat *chat = NULL;
         struct strata_err err = { 0 };
         char *out = NULL;
@@ -307,7 +287,7 @@ int main(void)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/templates/reference.json", tap_fixtures());
-    char *text = slurp(path, NULL);
+    char *text = tap_slurp(path, NULL);
     cJSON *ref = text ? cJSON_Parse(text) : NULL;
     free(text);
     if (ok(ref != NULL, "read %s", path))

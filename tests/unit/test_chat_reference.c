@@ -9,33 +9,6 @@
 #include "chat.h"
 #include "tap.h"
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0;
-    char *p = malloc(cap);
-    size_t k;
-    while (p && (k = fread(p + n, 1, cap - n - 1, f)) > 0) {
-        n += k;
-        if (n + 1 >= cap) {
-            char *q = realloc(p, cap *= 2);
-            if (!q) {
-                free(p);
-                p = NULL;
-            }
-            p = q;
-        }
-    }
-    fclose(f);
-    if (p)
-        p[n] = 0;
-    if (len)
-        *len = n;
-    return p;
-}
-
 /* first differing byte, for the failure message */
 static void show_diff(const char *want, const char *got)
 {
@@ -52,7 +25,7 @@ int main(void)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/templates/reference.json", tap_fixtures());
-    char *text = slurp(path, NULL);
+    char *text = tap_slurp(path, NULL);
     if (!ok(text != NULL, "read %s", path))
         return tap_done();
     cJSON *ref = cJSON_Parse(text);
@@ -87,7 +60,7 @@ int main(void)
     {
         snprintf(path, sizeof path, "%s/templates/%s", tap_fixtures(), t->string);
         size_t len;
-        char *src = slurp(path, &len);
+        char *src = tap_slurp(path, &len);
         if (!ok(src != NULL, "read %s", path))
             continue;
         struct strata_chat *chat = NULL;

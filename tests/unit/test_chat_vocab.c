@@ -11,36 +11,19 @@
 #include "gguf.h"
 #include "tap.h"
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (p) {
-        size_t k = fread(p, 1, (size_t)n, f);
-        p[k] = 0;
-    }
-    fclose(f);
-    return p;
-}
-
 int main(void)
 {
     char path[4096];
     const char *root = getenv("STRATA_ROOT");
     snprintf(path, sizeof path, "%s/tests/data/chat/vocab-reference.json",
              root && *root ? root : ".");
-    char *text = slurp(path);
+    char *text = tap_slurp(path, NULL);
     if (!ok(text != NULL, "read %s", path))
         return tap_done();
     cJSON *ref = cJSON_Parse(text);
     free(text);
     snprintf(path, sizeof path, "%s/templates/reference.json", tap_fixtures());
-    text = slurp(path);
+    text = tap_slurp(path, NULL);
     cJSON *conv_ref = text ? cJSON_Parse(text) : NULL;
     free(text);
     if (!ok(ref && conv_ref, "parse the references"))

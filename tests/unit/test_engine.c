@@ -14,27 +14,6 @@
 #include "tap.h"
 #include "vocab.h"
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    if (b)
-        b[n] = 0;
-    fclose(f);
-    if (len)
-        *len = (size_t)n;
-    return b;
-}
-
 static int32_t *json_ids(const cJSON *a, int *n)
 {
     *n = cJSON_GetArraySize(a);
@@ -71,7 +50,7 @@ static void golden(const char *model, const char *refname, int with_extras)
     cJSON *ref = NULL;
     float *l = NULL, *l1 = NULL;
     snprintf(path, sizeof path, "%s/ref/%s", tap_fixtures(), refname);
-    char *js = slurp(path, NULL);
+    char *js = tap_slurp(path, NULL);
     ref = js ? cJSON_Parse(js) : NULL;
     free(js);
     if (!ok(ref != NULL, "read %s", path))
@@ -94,7 +73,7 @@ static void golden(const char *model, const char *refname, int with_extras)
         snprintf(path, sizeof path, "%s/ref/%s", tap_fixtures(),
                  cJSON_GetObjectItem(p, "logits_file")->valuestring);
         size_t rlen = 0;
-        float *rl = (float *)slurp(path, &rlen);
+        float *rl = (float *)tap_slurp(path, &rlen);
         l = malloc(sizeof *l * (size_t)n * nv);
         strata_err_clear(&err);
         int rc = strata_engine_rollback(e, 0, &err) ||

@@ -13,26 +13,6 @@
 #include "gguf_write.h"
 #include "tap.h"
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    char *p = NULL;
-    long n;
-    if (!f)
-        return NULL;
-    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
-        (p = malloc((size_t)n + 1)) && fread(p, 1, (size_t)n, f) == (size_t)n) {
-        p[n] = 0;
-        if (len)
-            *len = (size_t)n;
-    } else {
-        free(p);
-        p = NULL;
-    }
-    fclose(f);
-    return p;
-}
-
 static uint64_t file_size(const char *path)
 {
     struct stat st;
@@ -81,7 +61,7 @@ static int has_suffix(const char *s, const char *suf)
 /* Largest token id in a llama.cpp vocab test .out file. */
 static long max_id(const char *path)
 {
-    char *s = slurp(path, NULL);
+    char *s = tap_slurp(path, NULL);
     long m = -1;
     if (!s)
         return -1;
@@ -290,7 +270,7 @@ static void test_dequant_index(void)
 {
     char path[4096];
     fixture_path(path, sizeof(path), "ref/dequant/index.json");
-    char *js = slurp(path, NULL);
+    char *js = tap_slurp(path, NULL);
     cJSON *root = js ? cJSON_Parse(js) : NULL;
     cJSON *cases = cJSON_GetObjectItem(root, "cases"), *c;
     int n = 0, good = 0;
@@ -494,7 +474,7 @@ static void test_writer_roundtrip(void)
     close(fd);
     rc = strata_gguf_writer_write_file(w, tmp, &e);
     size_t flen = 0;
-    char *fb = rc ? NULL : slurp(tmp, &flen);
+    char *fb = rc ? NULL : tap_slurp(tmp, &flen);
     ok(fb && flen == len && memcmp(fb, buf, len) == 0, "file output equals memory output");
     free(fb);
     g = NULL;

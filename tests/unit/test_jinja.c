@@ -8,23 +8,6 @@
 #include "jinja.h"
 #include "tap.h"
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *p = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (p) {
-        size_t k = fread(p, 1, (size_t)n, f);
-        p[k] = 0;
-    }
-    fclose(f);
-    return p;
-}
-
 /* render src with vars; returns the error code, *out (malloc'ed) on success */
 static int render(const char *src, const cJSON *vars, const struct strata_jinja_opts *o,
                   char **out, struct strata_err *err)
@@ -44,7 +27,7 @@ static void run_cases(void)
     char path[4096];
     const char *root = getenv("STRATA_ROOT");
     snprintf(path, sizeof path, "%s/tests/data/jinja/cases.json", root && *root ? root : ".");
-    char *text = slurp(path);
+    char *text = tap_slurp(path, NULL);
     if (!ok(text != NULL, "read %s", path))
         return;
     cJSON *doc = cJSON_Parse(text);

@@ -12,27 +12,6 @@
 #include "quant.h"
 #include "tap.h"
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *buf = malloc((size_t)n + 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    if (buf)
-        buf[n] = 0;
-    fclose(f);
-    if (len)
-        *len = (size_t)n;
-    return buf;
-}
-
 static void *read_at(const char *path, long off, size_t n)
 {
     FILE *f = fopen(path, "rb");
@@ -64,7 +43,7 @@ static void test_fixtures(const char *fx)
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s/ref/dequant/index.json", fx);
-    char *text = slurp(path, NULL);
+    char *text = tap_slurp(path, NULL);
     if (!ok(text != NULL, "read %s", path))
         return;
     cJSON *root = cJSON_Parse(text);
@@ -89,7 +68,7 @@ static void test_fixtures(const char *fx)
         void *raw = read_at(path, off, nbytes);
         snprintf(path, sizeof(path), "%s/ref/dequant/%s", fx, file);
         size_t flen = 0;
-        float *want = (float *)slurp(path, &flen);
+        float *want = (float *)tap_slurp(path, &flen);
         float *got = malloc((size_t)n * sizeof(float));
         if (!ok(raw && want && got && flen == (size_t)n * 4, "%s: inputs read", file))
             goto next;
@@ -131,7 +110,7 @@ static void test_tables(const char *fx)
 {
     char path[4096];
     snprintf(path, sizeof(path), "%s/ref/gguf-quant-tables.json", fx);
-    char *text = slurp(path, NULL);
+    char *text = tap_slurp(path, NULL);
     if (!ok(text != NULL, "read %s", path))
         return;
     cJSON *root = cJSON_Parse(text);

@@ -12,24 +12,6 @@
 #include "tap.h"
 #include "vision.h"
 
-static void *read_all(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *buf = malloc(sz > 0 ? (size_t)sz : 1);
-    if (buf && fread(buf, 1, (size_t)sz, f) != (size_t)sz) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *n = (size_t)sz;
-    return buf;
-}
-
 static double min_row_cosine(const float *a, const float *b, int rows, int dim)
 {
     double worst = 1;
@@ -153,7 +135,7 @@ int main(void)
     /* the reference's metadata */
     snprintf(path, sizeof(path), "%s/ref/tinyvl-hf-reference.json", fx);
     size_t n_json = 0;
-    char *json = read_all(path, &n_json);
+    char *json = tap_slurp(path, &n_json);
     cJSON *ref = json ? cJSON_ParseWithLength(json, n_json) : NULL;
     free(json);
     const cJSON *astro = cJSON_GetObjectItemCaseSensitive(
@@ -187,9 +169,9 @@ int main(void)
 
     size_t n_pv = 0, n_embd = 0;
     snprintf(path, sizeof(path), "%s/ref/tinyvl-astronaut-pixel_values.f32", fx);
-    float *pv = read_all(path, &n_pv);
+    float *pv = tap_slurp(path, &n_pv);
     snprintf(path, sizeof(path), "%s/ref/tinyvl-astronaut-embd.f32", fx);
-    float *embd = read_all(path, &n_embd);
+    float *embd = tap_slurp(path, &n_embd);
     ok(pv && embd && n_pv == (size_t)ref_np * ref_pd * 4 && n_embd == (size_t)ref_tokens * ref_dim * 4,
        "reference tensors read");
 
@@ -326,7 +308,7 @@ int main(void)
     }
     {
         size_t n = 0;
-        unsigned char *png = read_all(path, &n);
+        unsigned char *png = tap_slurp(path, &n);
         struct strata_image t = {0};
         rc = strata_image_load_mem(&t, png, n / 3, "truncated.png", &err);
         ok(rc == STRATA_E_FORMAT && strstr(err.msg, "truncated.png"),

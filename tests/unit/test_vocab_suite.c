@@ -13,35 +13,6 @@
 
 #define SEP "\n__ggml_vocab_test__\n"
 
-static char *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 4096, n = 0;
-    char *b = malloc(cap + 1);
-    size_t r;
-    while (b && (r = fread(b + n, 1, cap - n, f)) > 0) {
-        n += r;
-        if (n == cap) {
-            char *nb = realloc(b, cap * 2 + 1);
-            if (!nb) {
-                free(b);
-                b = NULL;
-                break;
-            }
-            b = nb;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (b) {
-        b[n] = 0;
-        *len = n;
-    }
-    return b;
-}
-
 static int is_nfc_sensitive(const char *pre)
 {
     return strcmp(pre, "qwen2") == 0 || strcmp(pre, "mpt") == 0;
@@ -59,8 +30,8 @@ static void run_suite(const char *dir, const char *name)
     snprintf(path, sizeof(path), "%s/%s", dir, name);
     snprintf(ipath, sizeof(ipath), "%s.inp", path);
     snprintf(opath, sizeof(opath), "%s.out", path);
-    inp = slurp(ipath, &ilen);
-    outs = slurp(opath, &olen);
+    inp = tap_slurp(ipath, &ilen);
+    outs = tap_slurp(opath, &olen);
     if (!inp || !outs) {
         diag("%s: no .inp/.out, skipped", name);
         goto out;
