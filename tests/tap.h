@@ -67,7 +67,7 @@ static void *tap_slurp(const char *path, size_t *len)
     char *b = NULL;
     long n = -1;
     if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0)
-        b = malloc((size_t)n + 1);
+        b = (char *)malloc((size_t)n + 1);
     if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
         free(b);
         b = NULL;
