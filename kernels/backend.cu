@@ -863,8 +863,18 @@ static int gpu_kv_rollback(void *state, int32_t n_past, struct strata_err *err)
     return 0;
 }
 
+static int gpu_n_devices(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError(); /* clear it: a later call must not see it */
+        return 0;
+    }
+    return n;
+}
+
 extern "C" const struct strata_backend_ops strata_backend_gpu_ops = {
-    STRATA_GPU_RUNTIME_NAME, gpu_init, gpu_free, gpu_forward, gpu_kv_rollback,
+    STRATA_GPU_RUNTIME_NAME, gpu_init, gpu_free, gpu_forward, gpu_kv_rollback, gpu_n_devices,
 };
 
 #endif /* STRATA_GPU_HOST_PASS */

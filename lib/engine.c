@@ -1122,7 +1122,7 @@ static int cpu_kv_rollback(void *state, int32_t n_past, struct strata_err *err)
 }
 
 const struct strata_backend_ops strata_backend_cpu_ops = {
-    "cpu", cpu_init, cpu_free, cpu_forward, cpu_kv_rollback,
+    "cpu", cpu_init, cpu_free, cpu_forward, cpu_kv_rollback, NULL,
 };
 
 #ifdef STRATA_WITH_GPU
@@ -1137,6 +1137,13 @@ int strata_engine_find_backend(const char *name, const struct strata_backend_ops
         return 0;
     }
 #ifdef STRATA_WITH_GPU
+    if (strcmp(name, "auto") == 0 && strata_backend_gpu_ops.n_devices &&
+        strata_backend_gpu_ops.n_devices() == 0) {
+        strata_log_info("backend auto: no %s device found, using the cpu backend",
+                        strata_backend_gpu_ops.name);
+        *out = &strata_backend_cpu_ops;
+        return 0;
+    }
     if (strcmp(name, "auto") == 0 || strcmp(name, strata_backend_gpu_ops.name) == 0 ||
         strcmp(name, "gpu") == 0) {
         *out = &strata_backend_gpu_ops;

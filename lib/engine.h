@@ -104,13 +104,17 @@ struct strata_backend_ops {
     /* Forget the kv cache from position n_past on (the next batch starts
      * there).  May be a no-op for backends that overwrite in place. */
     int (*kv_rollback)(void *state, int32_t n_past, struct strata_err *err);
+
+    /* Number of devices this backend can see (a runtime that fails to load or
+     * to answer counts as 0); NULL for the CPU backend.  "auto" uses it. */
+    int (*n_devices)(void);
 };
 
 /* The CPU backend (always available). */
 extern const struct strata_backend_ops strata_backend_cpu_ops;
 
-/* The backend named name ("cpu"; "auto" = the first GPU backend compiled in
- * whose device works, else cpu).  GPU builds define STRATA_WITH_GPU and
+/* The backend named name ("cpu"; "auto" = the GPU backend compiled in when
+ * its runtime sees a device, else cpu, with an info line saying so).  GPU builds define STRATA_WITH_GPU and
  * provide strata_backend_gpu_ops.  Errors: STRATA_E_UNSUPPORTED (unknown
  * name, or a GPU backend in a build without one; names it). */
 int strata_engine_find_backend(const char *name, const struct strata_backend_ops **out,

@@ -23,7 +23,7 @@ HIP_ARCH    ?= $(if $(filter-out 0 1 2 3 4 5,$(HIP_VERSION)),gfx90a$(,)gfx942$(,
 , := ,
 
 GPU_SRCS    := $(sort $(wildcard kernels/*.cu))
-GPU_HDRS    := $(wildcard kernels/*.h kernels/*.cuh)
+GPU_HDRS    := $(wildcard kernels/*.h kernels/*.cuh lib/*.h)
 GPU_CXXFLAGS_COMMON := -O3 -std=c++17 -Ilib -Ikernels
 NVCC_FLAGS  := $(GPU_CXXFLAGS_COMMON) -Xcompiler -Wall,-Wextra,-fPIC -Werror all-warnings
 HIPCC_FLAGS := $(GPU_CXXFLAGS_COMMON) -x hip -Wall -Wextra -Werror -fPIC
