@@ -3,6 +3,9 @@
 # strata-generate refuses the device (GPU machine; builds three test variants):
 #   tests/gpu/selftest-break.sh [KERNEL]       (default rms_norm)
 # Each build goes to its own directory, so the normal build is untouched.
+# STRATA_BREAK_BUILT=DIR uses variants built beforehand instead (DIR/KERNEL-MODE/bin/cuda/,
+# as `make B=DIR/KERNEL-MODE BINDIR=DIR/KERNEL-MODE/bin STRATA_BREAK_KERNEL=.. cuda` makes
+# them), so a GPU machine need not compile.
 set -u
 K=${1:-rms_norm}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -10,10 +13,15 @@ M=${STRATA_FIXTURES:-$ROOT/../shared/fixtures}/models/stories260K.gguf
 n=0 bad=0
 check() { n=$((n + 1)); local d=$1; shift; if "$@"; then echo "ok $n - $d"; else echo "not ok $n - $d"; bad=1; fi; }
 for mode in wrong fault hang; do
-    B=/tmp/strata-break-$K-$mode
-    make -C "$ROOT" -s B="$B" BINDIR="$B/bin" STRATA_BREAK_KERNEL="$K" STRATA_BREAK_MODE="$mode" \
-        "$B/bin/cuda/strata-probe" "$B/bin/cuda/strata-generate" >"$B.log" 2>&1 ||
-        { echo "Bail out! build of $mode failed (see $B.log)"; exit 1; }
+    if [ -n "${STRATA_BREAK_BUILT:-}" ]; then
+        B=$STRATA_BREAK_BUILT/$K-$mode
+        [ -x "$B/bin/cuda/strata-probe" ] || { echo "Bail out! no $B/bin/cuda/strata-probe"; exit 1; }
+    else
+        B=/tmp/strata-break-$K-$mode
+        make -C "$ROOT" -s B="$B" BINDIR="$B/bin" STRATA_BREAK_KERNEL="$K" STRATA_BREAK_MODE="$mode" \
+            "$B/bin/cuda/strata-probe" "$B/bin/cuda/strata-generate" >"$B.log" 2>&1 ||
+            { echo "Bail out! build of $mode failed (see $B.log)"; exit 1; }
+    fi
     t0=$(date +%s.%N)
     "$B/bin/cuda/strata-probe" --quick --json --selftest-timeout 2000 >"$B.json" 2>&1; rc=$?
     t1=$(date +%s.%N)
