@@ -16,11 +16,11 @@ out=${OUT:-$root/gpu-out}
 mkdir -p "$out"
 st=/tmp/strata-dev
 if [ ! -x "$st/bin/strata-probe" ]; then
-    rm -rf "$st" && mkdir -p "$st" && tar -C "$st" -xJf devrun/bin.tar.xz || exit 1
+    rm -rf "$st" && mkdir -p "$st" && tar -C "$st" -xJf "${DEVRUN:-devrun}/bin.tar.xz" || exit 1
 fi
 cb=$(python3 -c 'import nvidia.cublas,os;print(os.path.dirname(nvidia.cublas.__file__)+"/lib")' 2>/dev/null)
 export LD_LIBRARY_PATH=$st/lib:/usr/local/cuda/lib64${cb:+:$cb}
-export STRATA_FIXTURES=$root/devrun/fixtures
+export STRATA_FIXTURES=$root/${DEVRUN:-devrun}/fixtures
 M=$STRATA_FIXTURES/models/stories260K.gguf
 P=$st/bin/strata-probe
 rc=0
@@ -45,8 +45,8 @@ echo "probe (full): exit $r in $(secs "$t0" "$t1") s"
 grep -i -E 'GB/s|pcie|link|bandwidth' "$out/probe-full.txt" | head -20
 [ $r -eq 0 ] || rc=1
 
-if [ -f devrun/break.tar.xz ]; then
-    mkdir -p /tmp/strata-break && tar -C /tmp/strata-break -xJf devrun/break.tar.xz
+if [ -f "${DEVRUN:-devrun}/break.tar.xz" ]; then
+    mkdir -p /tmp/strata-break && tar -C /tmp/strata-break -xJf "${DEVRUN:-devrun}/break.tar.xz"
     STRATA_BREAK_BUILT=/tmp/strata-break bash tests/gpu/selftest-break.sh rms_norm \
         >"$out/break.tap" 2>&1 || rc=1
     echo "selftest-break: $(grep -c '^ok' "$out/break.tap") ok, $(grep -c '^not ok' "$out/break.tap") not ok"

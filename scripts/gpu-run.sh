@@ -8,11 +8,11 @@ root=$(pwd)
 out=${OUT:-$root/gpu-out}
 mkdir -p "$out"
 st=/tmp/strata-dev
-rm -rf "$st" && mkdir -p "$st" && tar -C "$st" -xJf devrun/bin.tar.xz || exit 1
+rm -rf "$st" && mkdir -p "$st" && tar -C "$st" -xJf "${DEVRUN:-devrun}/bin.tar.xz" || exit 1
 # cuBLAS is loaded at run time: the toolkit's, else the one a Python install carries
 cb=$(python3 -c 'import nvidia.cublas,os;print(os.path.dirname(nvidia.cublas.__file__)+"/lib")' 2>/dev/null)
 export LD_LIBRARY_PATH=$st/lib:/usr/local/cuda/lib64${cb:+:$cb}
-export STRATA_BIN=$st/bin STRATA_ROOT=$root STRATA_FIXTURES=$root/devrun/fixtures
+export STRATA_BIN=$st/bin STRATA_ROOT=$root STRATA_FIXTURES=$root/${DEVRUN:-devrun}/fixtures
 export STRATA_BACKEND=${STRATA_BACKEND:-cuda}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
 rc=0
