@@ -25,7 +25,7 @@ for mode in wrong fault hang; do
     t0=$(date +%s.%N)
     "$B/bin/cuda/strata-probe" --quick --json --selftest-timeout 2000 >"$B.json" 2>&1; rc=$?
     t1=$(date +%s.%N)
-    s=$(echo "$t1 - $t0" | bc)
+    s=$(python3 -c "print(round($t1 - $t0, 2))")
     check "$mode: probe exits 4" test $rc -eq 4
     check "$mode: $K reported failed" python3 -c "
 import json,sys
