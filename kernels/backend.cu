@@ -34,7 +34,9 @@ extern "C" {
 /* Host code only: nothing here runs on the device. */
 #ifdef STRATA_GPU_HOST_PASS
 
-#define MATVEC_MAX 16
+/* the largest mat-vec batch: a verify window of STRATA_SPEC_MAX (16) drafts plus the
+ * accepted token, so every window is bitwise the decode steps */
+#define MATVEC_MAX 17
 #define PROF_MAX_EV 512
 #define PROF_MAX_OPS 64
 
@@ -67,10 +69,13 @@ struct gpu_state {
     int max_tiles;
     void **allocs;
     size_t n_allocs, cap_allocs, vram_bytes;
-    /* decode graph (n_tok 1, last logits) */
-    cudaGraph_t graph;
-    cudaGraphExec_t graph_exec;
-    int use_graph, graph_ready;
+    /* decode steps and verify windows replayed as graphs: one per batch size n_tok
+     * (1..MATVEC_MAX) and logits rows ([0]: the last, [1]: every row), captured on first
+     * use.  A graph holds the device pointers and shapes of its launches: whatever
+     * changes them (a weight's device copy, the expert slots) must call graphs_drop. */
+    cudaGraphExec_t graph_exec[MATVEC_MAX + 1][2];
+    unsigned char graph_off[MATVEC_MAX + 1][2]; /* its capture failed: launched directly */
+    int use_graph;
     float *h_logits; /* pinned staging of one logits row */
     /* STRATA_GPU_PROFILE=1: events between the launches of a forward pass (no graph);
      * per-operation totals are logged when the backend is freed */
@@ -331,6 +336,18 @@ static int up_vec(struct gpu_state *s, const struct strata_weight *w, float **d,
     return rc;
 }
 
+/* Forget every captured graph (the next batch of each size captures again). */
+static void graphs_drop(struct gpu_state *s)
+{
+    for (int n = 0; n <= MATVEC_MAX; n++)
+        for (int a = 0; a < 2; a++) {
+            if (s->graph_exec[n][a])
+                (void)cudaGraphExecDestroy(s->graph_exec[n][a]);
+            s->graph_exec[n][a] = NULL;
+            s->graph_off[n][a] = 0;
+        }
+}
+
 static void gpu_free(void *state)
 {
     struct gpu_state *s = (struct gpu_state *)state;
@@ -347,10 +364,7 @@ static void gpu_free(void *state)
     if (s->ev_ready)
         for (int i = 0; i < PROF_MAX_EV; i++)
             (void)cudaEventDestroy(s->ev[i]);
-    if (s->graph_exec)
-        (void)cudaGraphExecDestroy(s->graph_exec);
-    if (s->graph)
-        (void)cudaGraphDestroy(s->graph);
+    graphs_drop(s);
     for (size_t i = 0; i < s->n_allocs; i++)
         (void)cudaFree(s->allocs[i]);
     if (s->h_logits)
@@ -780,6 +794,38 @@ fail:
 #undef OP
 }
 
+/* Capture the forward pass of n token ids (logits of the last row, or of every row
+ * with all) into s->graph_exec[n][all].  Positions and ids are read from device memory,
+ * so one graph serves every position.  On failure nothing is kept and the stream is
+ * out of capture mode; a device fault is left for the direct launch to report. */
+static int capture(struct gpu_state *s, int n, int all, struct strata_err *err)
+{
+    cudaStream_t st = s->ctx.stream;
+    cudaGraph_t g = NULL;
+    int rc = gpu_call(s, cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed),
+                      "cudaStreamBeginCapture", err);
+    if (rc)
+        goto out;
+    rc = launch_forward(s, n, 0, 1, all, s->n_ctx, err);
+    {
+        cudaError_t e = cudaStreamEndCapture(st, &g);
+        if (!rc)
+            rc = gpu_call(s, e, "cudaStreamEndCapture", err);
+    }
+    if (!rc)
+        rc = gpu_call(s, cudaGraphInstantiate(&s->graph_exec[n][all], g, 0),
+                      "cudaGraphInstantiate", err);
+out:
+    if (g)
+        (void)cudaGraphDestroy(g); /* the executable graph does not need it */
+    if (rc) {
+        s->graph_exec[n][all] = NULL;
+        (void)cudaGetLastError();
+        strata_err_wrap(err, "capturing the graph of a %d-token batch: ", n);
+    }
+    return rc;
+}
+
 static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
                        struct strata_err *err)
 {
@@ -808,29 +854,20 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
         return rc;
     s->cur_tokens = n;
     s->n_ev = 0;
-    int graphable = s->use_graph && n == 1 && !b->embd && want && !all;
-    if (graphable && !s->graph_ready) {
-        if ((rc = gpu_call(s, cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed),
-                           "cudaStreamBeginCapture", err)))
-            return rc;
-        rc = launch_forward(s, 1, 0, 1, 0, s->n_ctx, err);
-        cudaGraph_t g = NULL;
-        cudaError_t e = cudaStreamEndCapture(st, &g);
-        if (rc) {
-            if (g)
-                (void)cudaGraphDestroy(g);
-            return strata_err_wrap(err, "capturing the decode graph: ");
-        }
-        if ((rc = gpu_call(s, e, "cudaStreamEndCapture", err)))
-            return rc;
-        s->graph = g;
-        if ((rc = gpu_call(s, cudaGraphInstantiate(&s->graph_exec, g, 0), "cudaGraphInstantiate",
-                           err)))
-            return rc;
-        s->graph_ready = 1;
+    /* one row of logits is the same launches whichever mode asked for it */
+    int rows_all = all && n > 1;
+    int graphable = s->use_graph && n <= MATVEC_MAX && !b->embd && want &&
+                    !s->graph_off[n][rows_all];
+    if (graphable && !s->graph_exec[n][rows_all] && capture(s, n, rows_all, err)) {
+        strata_log_warn("%s; batches of %d token%s run without a graph", err->msg, n,
+                        n == 1 ? "" : "s");
+        s->graph_off[n][rows_all] = 1;
+        graphable = 0;
     }
     if (graphable)
-        rc = gpu_call(s, cudaGraphLaunch(s->graph_exec, st), "cudaGraphLaunch (decode step)", err);
+        rc = gpu_call(s, cudaGraphLaunch(s->graph_exec[n][rows_all], st),
+                      n == 1 ? "cudaGraphLaunch (decode step)" : "cudaGraphLaunch (verify window)",
+                      err);
     else
         rc = launch_forward(s, n, b->embd != NULL, want, all, s->n_ctx, err);
     if (rc) {

@@ -1,8 +1,10 @@
 /* test_golden.c - the GPU backend against the HF transformers references and the CPU
  * backend (make check-gpu): tinycoder (qwen3moe) and tinydraft (qwen3) F16 logits at
  * every prompt position (argmax equal, max abs difference <= 5e-2) and greedy ids;
- * the quantised tinycoder files against the CPU backend; verify windows bitwise equal
- * to one-token decodes; launch errors reported, not hidden.
+ * the quantised tinycoder files against the CPU backend; verify windows of 2, 8, 16
+ * and 17 tokens bitwise equal to one-token decodes for every fixture model (so every
+ * block type in the fixtures), on both sides of an attention split boundary, with
+ * and without graphs; launch errors reported, not hidden.
  * The backend is $STRATA_BACKEND (default cuda). */
 #include <math.h>
 #include <stdio.h>
@@ -126,8 +128,7 @@ out:
 }
 
 /* The GPU against the CPU backend on a quantised file (the CPU quantises activations
- * to 8 bits, the GPU keeps them in f32/f16: a small difference, same argmax mostly);
- * and verify windows bitwise equal to one-token decodes on the GPU. */
+ * to 8 bits, the GPU keeps them in f32/f16: a small difference, same argmax mostly). */
 static void versus_cpu(const char *model)
 {
     char path[1024];
@@ -177,27 +178,120 @@ static void versus_cpu(const char *model)
         ok(maxd <= 0.2 * maxv && agree >= n * 9 / 10,
            "%s: gpu logits close to the cpu's (%.4g, argmax %d/%d)", model, maxd, agree, n);
     }
-    /* window of 6 vs one token at a time, from position 30 */
-    float *w = malloc(sizeof(float) * 6 * nv), *one = malloc(sizeof(float) * nv);
-    rc = strata_engine_rollback(eg, 30, &err);
-    if (!rc)
-        rc = strata_engine_eval(eg, ids + 30, 6, STRATA_LOGITS_ALL, w, &err);
-    int same = rc == 0;
-    if (!rc)
-        rc = strata_engine_rollback(eg, 30, &err);
-    for (int i = 0; i < 6 && !rc && same; i++) {
-        rc = strata_engine_eval(eg, ids + 30 + i, 1, STRATA_LOGITS_LAST, one, &err);
-        same = !rc && memcmp(one, w + (size_t)i * nv, sizeof(float) * nv) == 0;
-    }
-    ok(same && rc == 0, "%s: a 6-token verify window's logits bitwise equal one-token decodes%s%s",
-       model, rc ? ": " : "", err.msg);
-    free(w);
-    free(one);
     free(lg);
     free(lc);
 out:
     strata_engine_close(eg);
     strata_engine_close(ec);
+    strata_gguf_close(g);
+}
+
+/* Bring the kv cache to exactly ids[0..to): roll back, or evaluate the missing
+ * positions in chunks of 16 (the mat-vec path, so two engines making the same calls
+ * hold the same prefix bitwise). */
+static int fill_to(struct strata_engine *e, const int32_t *ids, int to, struct strata_err *err)
+{
+    int rc = 0;
+    if (strata_engine_n_past(e) > to)
+        return strata_engine_rollback(e, to, err);
+    for (int p = strata_engine_n_past(e); p < to && !rc; p += 16)
+        rc = strata_engine_eval(e, ids + p, to - p < 16 ? to - p : 16, STRATA_LOGITS_NONE, NULL,
+                                err);
+    return rc;
+}
+
+/* Verify windows against one-token decodes on one engine: for each (pos, size) the
+ * window's logits rows must be bitwise those of decoding its tokens one at a time
+ * after the same kv cache prefix.  Windows end past position 128, where the
+ * decode attention splits the kv range.  ref: the windows of another engine to equal
+ * bitwise (NULL: none); out: the windows (may be NULL). */
+#define WIN_CASES 6
+static const int win_pos[WIN_CASES] = {40, 100, 120, 124, 150, 170};
+static const int win_len[WIN_CASES] = {2, 8, 16, 8, 17, 16};
+
+static int windows(struct strata_engine *e, const int32_t *ids, int n_ids, const char *what,
+                   const float *ref, float *out, const char *model)
+{
+    struct strata_err err = {0, ""};
+    int nv = strata_engine_n_vocab(e), rc = 0, bad = 0;
+    size_t row = (size_t)nv;
+    float *w = malloc(sizeof(float) * 17 * row), *one = malloc(sizeof(float) * row);
+    rc = fill_to(e, ids, n_ids, &err);
+    if (!ok(rc == 0, "%s (%s): kv cache prefix of %d positions%s%s", model, what, n_ids,
+            rc ? ": " : "", err.msg))
+        goto out;
+    for (int c = 0; c < WIN_CASES; c++) {
+        int p = win_pos[c], n = win_len[c], same = 1, first_bad = -1;
+        rc = fill_to(e, ids, p, &err);
+        if (!rc)
+            rc = strata_engine_eval(e, ids + p, n, STRATA_LOGITS_ALL, w, &err);
+        if (!rc)
+            rc = strata_engine_rollback(e, p, &err);
+        for (int i = 0; i < n && !rc; i++) {
+            rc = strata_engine_eval(e, ids + p + i, 1, STRATA_LOGITS_LAST, one, &err);
+            if (!rc && memcmp(one, w + (size_t)i * row, sizeof(float) * row) != 0 && same) {
+                same = 0;
+                first_bad = i;
+            }
+        }
+        if (!ok(rc == 0 && same, "%s (%s): a %d-token window at position %d bitwise equals "
+                "%d one-token decodes%s%s", model, what, n, p, n, rc ? ": " : "", err.msg))
+            bad = 1;
+        if (first_bad >= 0)
+            diag("%s (%s): window %d@%d differs first at row %d (position %d)", model, what, n,
+                 p, first_bad, p + first_bad);
+        if (!rc && ref)
+            ok(memcmp(ref + (size_t)c * 17 * row, w, sizeof(float) * n * row) == 0,
+               "%s: the %d-token window at %d equal with and without graphs", model, n, p);
+        if (!rc && out)
+            memcpy(out + (size_t)c * 17 * row, w, sizeof(float) * n * row);
+        if (rc)
+            break;
+    }
+out:
+    free(w);
+    free(one);
+    return rc || bad;
+}
+
+static void window_check(const char *model)
+{
+    char path[1024];
+    struct strata_err err = {0, ""};
+    struct strata_gguf *g = NULL;
+    struct strata_engine *e = NULL;
+    float *keep = NULL;
+    snprintf(path, sizeof path, "%s/models/%s", tap_fixtures(), model);
+    if (strata_gguf_open(&g, path, &err)) {
+        ok(1, "# SKIP %s: %s", model, err.msg);
+        return;
+    }
+    /* graphs as configured (on unless STRATA_NO_GRAPH / STRATA_SYNC_DEBUG), then off */
+    int rc = open_engine(&e, g, backend(), 256, &err);
+    if (!ok(rc == 0, "%s: open (%s)%s%s", model, backend(), rc ? ": " : "", err.msg))
+        goto out;
+    int nv = strata_engine_n_vocab(e), n_ids = 200;
+    int32_t ids[200];
+    for (int i = 0; i < n_ids; i++)
+        ids[i] = (int32_t)((i * 2654435761u + 17) % (unsigned)nv);
+    keep = malloc(sizeof(float) * WIN_CASES * 17 * (size_t)nv);
+    windows(e, ids, n_ids, "graphs", NULL, keep, model);
+    strata_engine_close(e);
+    e = NULL;
+    const char *ng = getenv("STRATA_NO_GRAPH");
+    char *saved = ng ? strdup(ng) : NULL;
+    setenv("STRATA_NO_GRAPH", "1", 1);
+    rc = open_engine(&e, g, backend(), 256, &err);
+    if (saved)
+        setenv("STRATA_NO_GRAPH", saved, 1);
+    else
+        unsetenv("STRATA_NO_GRAPH");
+    free(saved);
+    if (ok(rc == 0, "%s: open without graphs%s%s", model, rc ? ": " : "", err.msg))
+        windows(e, ids, n_ids, "no graphs", keep, NULL, model);
+out:
+    free(keep);
+    strata_engine_close(e);
     strata_gguf_close(g);
 }
 
@@ -210,5 +304,11 @@ int main(void)
                        "tinycoder-moe-IQ1_M.gguf"};
     for (size_t i = 0; i < sizeof q / sizeof q[0]; i++)
         versus_cpu(q[i]);
+    const char *all[] = {"tinycoder-moe-F16.gguf",   "tinycoder-moe-Q8_0.gguf",
+                         "tinycoder-moe-Q4_K_M.gguf", "tinycoder-moe-IQ4_XS.gguf",
+                         "tinycoder-moe-IQ2_XS.gguf", "tinycoder-moe-IQ1_M.gguf",
+                         "tinydraft-qwen3-F16.gguf",  "stories260K.gguf"};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        window_check(all[i]);
     return tap_done();
 }
