@@ -913,6 +913,12 @@ static int c_elementwise(int dev, int which, char *shapes, size_t sc, char *msg,
 
 static struct strata_selftest_case st_cases[STRATA_SELFTEST_MAX];
 static char st_names[STRATA_SELFTEST_MAX][24];
+/* The targets this image was compiled for (mk/gpu.mk defines it; a bare compile
+ * knows none). */
+#ifndef STRATA_GPU_ARCHS
+#define STRATA_GPU_ARCHS ""
+#endif
+
 static struct strata_selftest_table st_table;
 
 static void st_add(int *n, const char *kernel, uint32_t type, int has_type,
@@ -957,6 +963,7 @@ extern "C" const struct strata_selftest_table *strata_gpu_selftest_table(void)
         st_add(&n, "matmul", t, 1, c_matmul, (int)t);
     }
     st_table.api = STRATA_GPU_RUNTIME_NAME;
+    st_table.archs = STRATA_GPU_ARCHS;
     st_table.cases = st_cases;
     st_table.init = c_init;
     st_table.n_cases = n;

@@ -716,11 +716,25 @@ static void collect_archs(const cJSON *j, char *archs, size_t cap, char *backend
         collect_archs(c, archs, cap, backends, bcap);
 }
 
-/* BUILD.json files next to the programs (written by `make cuda`/`make hip`)
- * say which backends and archs this build has kernels for. */
+/* Which backends and archs this build has kernels for: what the program
+ * itself was compiled with (its self-test table names them), then any
+ * BUILD.json files next to the programs (written by `make cuda`/`make hip`;
+ * they matter only when the programs were moved without them). */
 static void read_build_info(struct strata_probe_report *r, const char *dir)
 {
     copy_str(r->build_backends, sizeof(r->build_backends), "cpu");
+    const struct strata_selftest_table *t = strata_selftest_gpu_table();
+    if (t) {
+        cJSON *j = cJSON_CreateArray();
+        cJSON_AddItemToArray(j, cJSON_CreateString(t->api));
+        char archs[sizeof(r->build_archs)];
+        copy_str(archs, sizeof(archs), t->archs ? t->archs : "");
+        for (char *save = NULL, *a = strtok_r(archs, " ", &save); a; a = strtok_r(NULL, " ", &save))
+            cJSON_AddItemToArray(j, cJSON_CreateString(a));
+        collect_archs(j, r->build_archs, sizeof(r->build_archs), r->build_backends,
+                      sizeof(r->build_backends));
+        cJSON_Delete(j);
+    }
     if (!dir)
         return;
     static const char *const files[] = {"BUILD.json", "BUILD-cuda.json", "BUILD-hip.json", NULL};
@@ -895,7 +909,7 @@ static const struct strata_selftest_case fake_cases[] = {
 static int run_selftests(struct strata_probe_report *r, const struct strata_probe_opts *o,
                          struct strata_err *err)
 {
-    static const struct strata_selftest_table fake = {"cuda", fake_cases, 2, NULL};
+    static const struct strata_selftest_table fake = {"cuda", fake_cases, 2, NULL, NULL};
     const struct strata_selftest_table *t = strata_selftest_gpu_table();
     if (injected("selftest-pass") || injected("selftest-fail"))
         t = &fake;

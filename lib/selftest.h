@@ -59,6 +59,9 @@ struct strata_selftest_table {
     /* Called once in each child before its first case: select device dev and create
      * its context.  0, or nonzero with msg (the device cannot be used at all). */
     int (*init)(int dev, char *msg, size_t msg_cap);
+    /* The targets compiled into this image, space-separated ("sm_90 compute_90",
+     * "gfx1030 gfx1100"); NULL or "" when unknown. */
+    const char *archs;
 };
 
 struct strata_selftest_opts {

@@ -38,6 +38,9 @@ endif
 CUDA_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
                 -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
 HIP_OFFLOAD := $(foreach a,$(subst $(,), ,$(HIP_ARCH)),--offload-arch=$(a))
+# The targets compiled in, as the program reports them (strata-probe's "this build")
+CUDA_ARCH_LIST := $(foreach a,$(CUDA_ARCHS),sm_$(a)) compute_$(lastword $(CUDA_ARCHS))
+HIP_ARCH_LIST  := $(subst $(,), ,$(HIP_ARCH))
 
 .PHONY: cuda hip check-gpu
 
@@ -84,9 +87,11 @@ endef
 
 CUDA_LIBDIR := $(patsubst %/bin/nvcc,%,$(NVCC))/lib64
 HIP_LIBDIR  := $(or $(wildcard /opt/rocm/lib),/usr/lib/x86_64-linux-gnu)
-$(eval $(call gpu_build,cuda,$(NVCC) $(NVCC_FLAGS) $(CUDA_GENCODE),$(CUDA_BINDIR),\
+$(eval $(call gpu_build,cuda,$(NVCC) $(NVCC_FLAGS) $(CUDA_GENCODE) \
+    -DSTRATA_GPU_ARCHS='"$(CUDA_ARCH_LIST)"',$(CUDA_BINDIR),\
     -L$(CUDA_LIBDIR) -lcudart_static -ldl))
-$(eval $(call gpu_build,hip,$(HIPCC) $(HIPCC_FLAGS) $(HIP_OFFLOAD),$(HIP_BINDIR),\
+$(eval $(call gpu_build,hip,$(HIPCC) $(HIPCC_FLAGS) $(HIP_OFFLOAD) \
+    -DSTRATA_GPU_ARCHS='"$(HIP_ARCH_LIST)"',$(HIP_BINDIR),\
     -L$(HIP_LIBDIR) -lamdhip64))
 
 cuda: $(addprefix $(CUDA_BINDIR)/,$(PROGS))

@@ -123,7 +123,7 @@ int main(void)
         {"matvec Q4_K", k_fault, 0}, {"argmax", k_pass, 2}, {"topk", k_crash, 0},
         {"attention", k_hang, 0}, {"moe_route", k_pass, 3},
     };
-    struct strata_selftest_table t = {"cuda", cases, 8, init_ok};
+    struct strata_selftest_table t = {"cuda", cases, 8, init_ok, NULL};
     int rc = strata_selftest_run_table(&t, 1, &o, &rep, &err);
     ok(rc == 0 && rep.ran && rep.n == 8, "table ran: rc %d, %d results %s", rc, rep.n, err.msg);
     ok(rep.n_failed == 4, "four failures counted (%d)", rep.n_failed);
@@ -161,19 +161,19 @@ int main(void)
        "summary names the first failure: %s", sum);
 
     /* all pass */
-    struct strata_selftest_table tp = {"hip", cases, 1, init_ok};
+    struct strata_selftest_table tp = {"hip", cases, 1, init_ok, NULL};
     rc = strata_selftest_run_table(&tp, 0, &o, &rep, &err);
     strata_selftest_summary(&rep, sum, sizeof(sum));
     ok(rc == 0 && rep.n_failed == 0 && strcmp(sum, "kernel self-test passed (1 kernels)") == 0,
        "all pass: %s", sum);
 
     /* the device cannot start */
-    struct strata_selftest_table ti = {"cuda", cases, 8, init_fail};
+    struct strata_selftest_table ti = {"cuda", cases, 8, init_fail, NULL};
     rc = strata_selftest_run_table(&ti, 3, &o, &rep, &err);
     ok(rc == 0 && rep.n == 1 && rep.n_failed == 1 && strcmp(rep.r[0].kernel, "init") == 0 &&
            strstr(rep.r[0].error, "no device 3"),
        "init failure is one result: %s", rep.r[0].error);
-    struct strata_selftest_table th = {"cuda", cases, 8, init_hang};
+    struct strata_selftest_table th = {"cuda", cases, 8, init_hang, NULL};
     rc = strata_selftest_run_table(&th, 0, &o, &rep, &err);
     ok(rc == 0 && rep.n == 1 && strstr(rep.r[0].error, "start-up did not finish within 500 ms"),
        "init hang killed: %s", rep.r[0].error);
@@ -182,7 +182,7 @@ int main(void)
     snprintf(flag_path, sizeof(flag_path), "%s/strata-selftest-%ld",
              getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", (long)getpid());
     unlink(flag_path);
-    struct strata_selftest_table tl = {"cuda", cases, 5, init_once};
+    struct strata_selftest_table tl = {"cuda", cases, 5, init_once, NULL};
     rc = strata_selftest_run_table(&tl, 0, &o, &rep, &err);
     unlink(flag_path);
     ok(rc == 0 && rep.n == 5 && rep.n_failed == 3 && rep.r[0].pass &&
