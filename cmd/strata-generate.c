@@ -1010,12 +1010,14 @@ static int run_selftest(const struct opts *o)
     static struct strata_selftest_report rep;
     if (strata_selftest_gpu(dev, NULL, &rep, &err))
         return fail(&err);
-    if (!rep.ran || rep.n_failed == 0)
-        return 0;
-    if (rep.n == 1 && strcmp(rep.r[0].kernel, "init") == 0)
-        return 0; /* the device cannot start: the engine says why (or falls back) */
     char sum[400], msg[512];
     strata_selftest_summary(&rep, sum, sizeof sum);
+    if (!rep.ran || rep.n_failed == 0) {
+        strata_log_info("%s device %d: %s", rep.api, dev, sum);
+        return 0;
+    }
+    if (rep.n == 1 && strcmp(rep.r[0].kernel, "init") == 0)
+        return 0; /* the device cannot start: the engine says why (or falls back) */
     snprintf(msg, sizeof msg, "%s device %d: %s; strata-probe lists every kernel "
              "(--no-selftest skips the test)", rep.api, dev, sum);
     if (o->serve_stdio)
