@@ -14,6 +14,7 @@
  * launch that caused it.
  */
 #include "kernels.h"
+#include "backend_experts.h"
 
 #include <dlfcn.h>
 #include <stdio.h>
@@ -101,6 +102,9 @@ struct gpu_state {
 #endif
     __half *wh, *xh; /* f16 scratch: one dense weight, n_ub rows of activations */
     size_t wh_cap, xh_cap;
+    /* routed experts that do not all fit: a VRAM slot pool (backend_experts.h); NULL
+     * when every expert is in VRAM */
+    struct strata_gpu_ec *xc;
 };
 
 #ifdef STRATA_GPU_CUDA
@@ -365,6 +369,7 @@ static void gpu_free(void *state)
         for (int i = 0; i < PROF_MAX_EV; i++)
             (void)cudaEventDestroy(s->ev[i]);
     graphs_drop(s);
+    strata_gpu_ec_free(s->xc);
     for (size_t i = 0; i < s->n_allocs; i++)
         (void)cudaFree(s->allocs[i]);
     if (s->h_logits)
@@ -377,10 +382,71 @@ static void gpu_free(void *state)
     free(s);
 }
 
+/* The routed experts of a layer, stacked as stored. */
+static int up_experts(struct gpu_state *s, const struct strata_layer *L, struct dev_layer *D,
+                      struct strata_err *err)
+{
+    int rc = up_weight(s, &L->ffn_gate_exps, &D->gate_exps, err);
+    if (!rc)
+        rc = up_weight(s, &L->ffn_up_exps, &D->up_exps, err);
+    if (!rc)
+        rc = up_weight(s, &L->ffn_down_exps, &D->down_exps, err);
+    return rc;
+}
+
+/* With expert cache options (o->backend_cfg, struct strata_ec_cfg): plan the memory;
+ * the experts go to a slot pool when they do not all fit, else to VRAM as usual. */
+static int place_experts(struct gpu_state *s, const struct strata_engine_opts *o,
+                         struct strata_pool *pool, struct strata_err *err)
+{
+    const struct strata_model *m = s->m;
+    struct strata_gpu_ec_in in;
+    memset(&in, 0, sizeof(in));
+    struct strata_k_weight *gi =
+        (struct strata_k_weight *)calloc(m->hp.n_layer, sizeof(struct strata_k_weight));
+    if (!gi)
+        return strata_k_err(err, STRATA_E_NOMEM, "out of memory");
+    uint64_t exp_bytes = 0;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        const struct strata_layer *L = &m->layers[il];
+        gi[il] = s->layers[il].gate_inp;
+        if (L->is_moe)
+            exp_bytes += (uint64_t)m->hp.n_expert *
+                         (L->ffn_gate_exps.nb1 * L->ffn_gate_exps.ne[1] +
+                          L->ffn_up_exps.nb1 * L->ffn_up_exps.ne[1] +
+                          L->ffn_down_exps.nb1 * L->ffn_down_exps.ne[1]);
+    }
+    in.ctx = &s->ctx;
+    in.m = m;
+    in.cfg = (const struct strata_ec_cfg *)o->backend_cfg;
+    in.pool = pool;
+    in.pack = o->pack;
+    in.gate_inp = gi;
+    in.n_ub = s->n_ub;
+    in.n_ctx = s->n_ctx;
+    in.mv_max = MATVEC_MAX;
+    in.vram_free = s->ctx.info.vram_free;
+    in.kv_bytes = 2 * sizeof(__half) * (uint64_t)m->hp.n_layer * s->n_ctx * s->n_kv;
+    uint64_t total = strata_model_total_bytes(m);
+    in.dense_bytes = total > exp_bytes ? total - exp_bytes : 0;
+    if (in.dense_bytes + in.kv_bytes > s->vram_bytes)
+        in.dense_bytes = s->vram_bytes > in.kv_bytes ? s->vram_bytes - in.kv_bytes : 0;
+    in.scratch_bytes = s->vram_bytes - in.dense_bytes - in.kv_bytes;
+    int rc = strata_gpu_ec_create(&s->xc, &in, err);
+    free(gi);
+    if (rc || s->xc) {
+        /* the expert copies and the host work between layers do not fit in a graph */
+        s->use_graph = 0;
+        return rc;
+    }
+    for (uint32_t il = 0; il < m->hp.n_layer && !rc; il++)
+        rc = up_experts(s, &m->layers[il], &s->layers[il], err);
+    return rc;
+}
+
 static int gpu_init(void **state, const struct strata_model *m, const struct strata_engine_opts *o,
                     struct strata_pool *pool, struct strata_err *err)
 {
-    (void)pool;
     *state = NULL;
     const struct strata_hparams *hp = &m->hp;
     struct gpu_state *s = (struct gpu_state *)calloc(1, sizeof(*s));
@@ -486,9 +552,7 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
             (rc = up_weight(s, &L->ffn_up, &D->up, err)) ||
             (rc = up_weight(s, &L->ffn_down, &D->down, err)) ||
             (rc = up_weight(s, &L->ffn_gate_inp, &D->gate_inp, err)) ||
-            (rc = up_weight(s, &L->ffn_gate_exps, &D->gate_exps, err)) ||
-            (rc = up_weight(s, &L->ffn_up_exps, &D->up_exps, err)) ||
-            (rc = up_weight(s, &L->ffn_down_exps, &D->down_exps, err)))
+            (!o->backend_cfg && (rc = up_experts(s, L, D, err))))
             goto out;
         D->is_moe = L->is_moe;
         if ((rc = fuse_qkv(s, L, D, err)))
@@ -547,6 +611,8 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
 #endif
     if ((rc = gpu_call(s, cudaMallocHost((void **)&s->h_logits, 4 * (size_t)s->n_vocab),
                        "cudaMallocHost (logits)", err)))
+        goto out;
+    if (o->backend_cfg && (rc = place_experts(s, o, pool, err)))
         goto out;
     strata_log_info("%s backend on device %d: %s (%s, %d SMs, warp %d), %.1f MiB of VRAM for "
                     "weights, kv cache (%d positions) and scratch (%d tokens)",
@@ -766,11 +832,18 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                                                                       : 1.0f,
                                          s->eids, s->ew, err)))
                 goto fail;
-            if (n > MATVEC_MAX &&
+            if (n > MATVEC_MAX && !s->xc &&
                 OP("moe_plan", strata_k_moe_plan(&s->ctx, s->eids, rows, s->n_expert, s->perm, s->tiles,
                                         s->n_tiles, err)))
                 goto fail;
-            if (OP("moe_gate_up", glu(s, &D->gate_exps, &D->up_exps, s->xn, n, k, s->eids, s->act, err)) ||
+            if (s->xc) {
+                struct strata_gpu_ec_io io = {s->xn, s->eids, s->act, s->eout, s->perm, s->tiles,
+                                              s->n_tiles};
+                if (OP("moe_experts", strata_gpu_ec_moe(s->xc, il, n, &io, err)) ||
+                    OP("moe_combine", strata_k_moe_combine(&s->ctx, s->eout, s->ew, n, k, E, s->x,
+                                                           s->x, err)))
+                    goto fail;
+            } else if (OP("moe_gate_up", glu(s, &D->gate_exps, &D->up_exps, s->xn, n, k, s->eids, s->act, err)) ||
                 OP("moe_down", down_exps(s, &D->down_exps, s->act, n, rows, s->eout, err)) ||
                 OP("moe_combine", strata_k_moe_combine(&s->ctx, s->eout, s->ew, n, k, E, s->x, s->x, err)))
                 goto fail;

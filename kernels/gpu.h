@@ -43,6 +43,20 @@
 #define cudaDriverGetVersion hipDriverGetVersion
 #define cudaRuntimeGetVersion hipRuntimeGetVersion
 #define cudaMemGetInfo hipMemGetInfo
+#define cudaHostRegister hipHostRegister
+#define cudaHostUnregister hipHostUnregister
+#define cudaStreamWaitEvent hipStreamWaitEvent
+#define cudaEventQuery hipEventQuery
+#define cudaEventCreateWithFlags hipEventCreateWithFlags
+#define cudaEventDisableTiming hipEventDisableTiming
+/* registering a read-only mapping (the experts of a GGUF/pack) needs the flag where the
+ * runtime has it; without it registration of such a mapping fails and the caller falls
+ * back to bounce buffers */
+#ifdef hipHostRegisterReadOnly
+#define STRATA_GPU_HOST_REGISTER_READ_ONLY hipHostRegisterReadOnly
+#else
+#define STRATA_GPU_HOST_REGISTER_READ_ONLY hipHostRegisterDefault
+#endif
 #define cudaMalloc hipMalloc
 #define cudaFree hipFree
 #define cudaMallocHost hipHostMalloc
@@ -88,6 +102,7 @@
 #include <cuda_runtime.h>
 
 #define STRATA_GPU_RUNTIME_NAME "cuda"
+#define STRATA_GPU_HOST_REGISTER_READ_ONLY cudaHostRegisterReadOnly
 #define STRATA_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), warpSize)
 #define STRATA_SHFL(v, l) __shfl_sync(0xffffffffu, (v), (l), warpSize)
 

@@ -55,6 +55,7 @@ void strata_ec_cfg_init(struct strata_ec_cfg *c)
     c->vram_reserve_mib = 512;
     c->adapt_every = 32;
     c->pcie_frac = -1;
+    c->slots = -1;
 }
 
 /* Every count decays by the same factor per token, so instead of decaying
@@ -446,6 +447,11 @@ int strata_ec_dispatch(const struct strata_expert_cache *ec, const struct strata
             rc = ops->cpu(ctx, plan->layer, m->expert, m->n_tok, err);
     }
     return rc;
+}
+
+void strata_ec_set_pcie_frac(struct strata_expert_cache *ec, double pcie_frac)
+{
+    ec->o.pcie_frac = pcie_frac < 0 ? 0 : pcie_frac > 1 ? 1 : pcie_frac;
 }
 
 void strata_ec_release(struct strata_expert_cache *ec, struct strata_ec_plan *plan)

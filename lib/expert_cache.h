@@ -144,6 +144,10 @@ struct strata_ec_cfg {
     double pcie_frac;     /* [0, 1], or < 0 = auto (the probe's bandwidths) */
     int pool_workers;     /* CPU expert threads; 0 = the engine's threads */
     int stats;            /* print strata_ec_stats_print() at the end */
+    int slots;            /* >= 0: exactly this many expert slots (at most every
+                             expert), the offload path even when every expert would
+                             fit (tests, benchmarks); -1 (default): the memory plan */
+    int no_prefetch;      /* 1: no prediction and prefetch of the next layer's experts */
 };
 
 /* Fill c with the defaults above (pcie_frac auto). */
@@ -184,6 +188,10 @@ int strata_ec_lookup(struct strata_expert_cache *ec, int il, int n_tok, const in
  * item (so the copies overlap the CPU work).  Returns the first error. */
 int strata_ec_dispatch(const struct strata_expert_cache *ec, const struct strata_ec_plan *plan,
                        const struct strata_ec_ops *ops, void *ctx, struct strata_err *err);
+
+/* Change the share of missed experts copied over PCIe (in [0, 1]; clipped)
+ * for the following lookups, e.g. per batch size. */
+void strata_ec_set_pcie_frac(struct strata_expert_cache *ec, double pcie_frac);
 
 /* Unpin the plan's slots.  Twice is a no-op. */
 void strata_ec_release(struct strata_expert_cache *ec, struct strata_ec_plan *plan);

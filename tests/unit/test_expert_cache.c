@@ -231,6 +231,17 @@ static void test_split_and_predict(void)
             first_pcie = p.items[i].expert;
     ok(first_pcie == 0, "busiest expert (4 tokens) streamed first (got %d)", first_pcie);
     strata_ec_release(ec, &p);
+    /* a batch may change the split (the GPU backend sends prefill misses over PCIe) */
+    strata_ec_set_pcie_frac(ec, 1);
+    int lrc = strata_ec_lookup(ec, 0, 4, sel, &p, &err);
+    ok(lrc == 0 && p.n_cpu == 0 && p.n_stream == 10,
+       "pcie_frac set to 1: every miss streamed (%d CPU, %d streamed)", p.n_cpu, p.n_stream);
+    strata_ec_release(ec, &p);
+    strata_ec_set_pcie_frac(ec, -3);
+    lrc = strata_ec_lookup(ec, 0, 4, sel, &p, &err);
+    ok(lrc == 0 && p.n_cpu == 10, "pcie_frac set below 0 clips to 0: every miss on the CPU (%d)",
+       p.n_cpu);
+    strata_ec_release(ec, &p);
     strata_ec_free(ec);
 
     float lg[6] = {0.5f, 2.0f, -1.0f, 2.0f, 1.5f, 0.0f};

@@ -1,0 +1,1169 @@
+/* backend_experts.cu - routed experts larger than VRAM for the GPU backend: the slot
+ * pool, PCIe copies, CPU experts and the MoE of one layer on remapped ids
+ * (backend_experts.h).
+ *
+ * Ordering (one compute stream, one copy stream):
+ *   - every batch of copies ends with ev_copy recorded on the copy stream, and the
+ *     compute stream waits on it before the layer's expert kernels, so a hit on a slot
+ *     whose copy is still in flight (a prefetch, a re-balance) is safe;
+ *   - a slot is overwritten only when it is unpinned: the lookup of a layer happens
+ *     after the compute stream synchronised at that layer's routing, so every earlier
+ *     layer's kernels are done, and the current layer's slots are pinned until its plan
+ *     is released (after the prefetch of the next layer was issued);
+ *   - staging buffers are reused inside a batch only after the compute stream passed
+ *     the kernels that read them (ev_round, waited on by the copy stream).
+ */
+#include "backend_experts.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+extern "C" {
+#include "ggml_types.h"
+#include "log.h"
+#include "matmul.h"
+#include "model.h"
+#include "pack.h"
+#include "pool.h"
+#include "probe.h"
+}
+
+/* y[i, :] = x[idx[i] / div, :] (gather, n columns) */
+__global__ void ec_gather_kernel(const float *__restrict__ x, const int32_t *__restrict__ idx,
+                                 int div, int n, float *__restrict__ y)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y;
+    if (c < n)
+        y[(int64_t)i * n + c] = x[(int64_t)(idx[i] / div) * n + c];
+}
+
+/* y[idx[i], :] = x[i, :] (scatter, n columns) */
+__global__ void ec_scatter_kernel(const float *__restrict__ x, const int32_t *__restrict__ idx,
+                                  int n, float *__restrict__ y)
+{
+    int c = blockIdx.x * blockDim.x + threadIdx.x, i = blockIdx.y;
+    if (c < n)
+        y[(int64_t)idx[i] * n + c] = x[(int64_t)i * n + c];
+}
+
+#ifdef STRATA_GPU_HOST_PASS
+
+#define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+#define MAX_REG 512
+#define N_BOUNCE 4
+
+struct host_range {
+    uintptr_t lo, hi;
+};
+
+struct strata_gpu_ec {
+    struct strata_gpu_ctx *ctx;
+    const struct strata_model *m;
+    struct strata_ec_cfg cfg;
+    struct strata_pool *pool, *own_pool;
+    struct strata_expert_cache *ec;
+    int L, X, K, E, n_ff, n_ub, mv_max, first_moe;
+    int *next_moe;               /* [L] the next MoE layer, or -1 */
+    struct strata_k_weight *gate_inp; /* [L] device routers */
+    /* the slot pool: n_slots + n_staging records of rec bytes */
+    int n_slots, n_staging;
+    size_t rec, off_up, off_down;
+    char *pool_dev;
+    struct strata_k_weight *vg, *vu, *vd; /* [L] views of the pool per layer */
+    size_t *bg, *bu, *bd;                 /* [L] bytes of one expert's matrices */
+    /* host side of the experts */
+    struct host_range reg[MAX_REG];
+    int n_reg, registered;
+    char *bounce[N_BOUNCE];
+    cudaEvent_t bounce_ev[N_BOUNCE];
+    int bounce_next;
+    /* streams and events */
+    cudaStream_t copy;
+    cudaEvent_t ev_copy, ev_round, ev_w0, ev_w1;
+    int wait_pending;
+    int32_t *pending;           /* slots FILLING until ev_copy completes */
+    int n_pending;
+    /* CPU experts */
+    int cpu_possible;           /* pcie_frac < 1 (or auto) */
+    int frac_auto;
+    double frac_decode;
+    /* host buffers (pinned) */
+    int32_t *h_ids, *h_arena;
+    size_t arena_cap, arena_used;
+    float *h_xn, *h_cpu, *h_rnext;
+    float *cx, *cg, *cu;        /* CPU scratch: [n_ub, E], [n_ub, n_ff] x 2 */
+    int32_t *list, *bufs;       /* [A] a round's assignments and their pool records */
+    int32_t *cnt;               /* [n_slots + n_staging + 1] counting sort by record */
+    int32_t *buf_of, *round_of; /* [X] */
+    /* device scratch */
+    int32_t *d_rids, *d_idx, *d_rc, *d_cidx;
+    float *d_xg, *d_eoc, *d_cpu, *d_rnext;
+    int rows_c;                 /* rows of d_xg / d_eoc */
+    /* statistics */
+    double t_fwd_sync, t_cpu, t_copy_wait, t_moe;
+    uint64_t bytes_copied, n_copies, n_cpu_experts, n_batches;
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int call(struct strata_gpu_ec *gx, cudaError_t e, const char *what, struct strata_err *err)
+{
+    if (e == cudaSuccess)
+        return 0;
+    return strata_k_err(err, STRATA_E_GPU, "%s on %s device %d (%s): %s: %s", what,
+                        STRATA_GPU_RUNTIME_NAME, gx->ctx->info.device, gx->ctx->info.name,
+                        cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+static int dev_alloc(struct strata_gpu_ec *gx, void **p, size_t bytes, const char *what,
+                     struct strata_err *err)
+{
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        (void)cudaGetLastError();
+        return strata_k_err(err, STRATA_E_NOMEM,
+                            "cannot allocate %.1f MiB of VRAM for %s on device %d (%s): %s",
+                            bytes / 1048576.0, what, gx->ctx->info.device, gx->ctx->info.name,
+                            cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+static int host_alloc(void **p, size_t bytes, const char *what,
+                      struct strata_err *err)
+{
+    cudaError_t e = cudaMallocHost(p, bytes ? bytes : 16);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        (void)cudaGetLastError();
+        return strata_k_err(err, STRATA_E_NOMEM, "cannot allocate %.1f MiB of pinned host "
+                            "memory for %s: %s", bytes / 1048576.0, what, cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+/* Log each line of text (a memory plan, statistics) at info level. */
+static void log_lines(char *text)
+{
+    for (char *line = text, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (nl)
+            *nl = 0;
+        strata_log_info("%s", line);
+    }
+}
+
+static size_t mat_bytes(const struct strata_weight *w)
+{
+    return w->nb1 * (size_t)(w->ne[1] > 0 ? w->ne[1] : 1);
+}
+
+static const void *host_part(const struct strata_gpu_ec *gx, int il, int ie, int part)
+{
+    const struct strata_layer *L = &gx->m->layers[il];
+    const struct strata_weight *w = part == 0 ? &L->ffn_gate_exps
+                                              : part == 1 ? &L->ffn_up_exps : &L->ffn_down_exps;
+    return (const char *)w->data + (size_t)ie * w->nb2;
+}
+
+/* ---- host memory: register the experts in place, else bounce buffers ---- */
+
+static int cmp_range(const void *a, const void *b)
+{
+    const struct host_range *x = (const struct host_range *)a, *y = (const struct host_range *)b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+static void unregister_all(struct strata_gpu_ec *gx)
+{
+    for (int i = 0; i < gx->n_reg; i++)
+        (void)cudaHostUnregister((void *)gx->reg[i].lo);
+    (void)cudaGetLastError();
+    gx->n_reg = 0;
+    gx->registered = 0;
+}
+
+/* Page ranges of every MoE layer's three expert tensors, merged, registered
+ * read-only.  Returns the registered bytes, or 0 (with a warning and bounce
+ * buffers) when registration fails. */
+static int pin_experts(struct strata_gpu_ec *gx, uint64_t *bytes, struct strata_err *err)
+{
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    struct host_range *r = (struct host_range *)malloc(sizeof *r * 3 * (size_t)gx->L);
+    int n = 0;
+    *bytes = 0;
+    if (!r)
+        return strata_k_err(err, STRATA_E_NOMEM, "out of memory");
+    for (int il = 0; il < gx->L; il++) {
+        const struct strata_layer *L = &gx->m->layers[il];
+        if (!L->is_moe)
+            continue;
+        const struct strata_weight *w[3] = {&L->ffn_gate_exps, &L->ffn_up_exps,
+                                            &L->ffn_down_exps};
+        for (int p = 0; p < 3; p++) {
+            uintptr_t lo = (uintptr_t)w[p]->data;
+            uintptr_t hi = lo + (size_t)(gx->X - 1) * w[p]->nb2 + mat_bytes(w[p]);
+            r[n].lo = lo / pg * pg;
+            r[n].hi = ALIGN_UP(hi, pg);
+            n++;
+        }
+    }
+    qsort(r, (size_t)n, sizeof *r, cmp_range);
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (m && r[i].lo <= r[m - 1].hi) {
+            if (r[i].hi > r[m - 1].hi)
+                r[m - 1].hi = r[i].hi;
+        } else {
+            r[m++] = r[i];
+        }
+    }
+    const char *off = getenv("STRATA_NO_HOST_REGISTER");
+    const char *why = NULL;
+    cudaError_t e = cudaSuccess;
+    if (off && *off && strcmp(off, "0") != 0)
+        why = "STRATA_NO_HOST_REGISTER is set";
+    else if (m > MAX_REG)
+        why = "too many separate ranges";
+    for (int i = 0; !why && i < m; i++) {
+        e = cudaHostRegister((void *)r[i].lo, r[i].hi - r[i].lo,
+                             STRATA_GPU_HOST_REGISTER_READ_ONLY);
+        if (e != cudaSuccess) {
+            why = cudaGetErrorString(e);
+            (void)cudaGetLastError();
+            break;
+        }
+        gx->reg[gx->n_reg++] = r[i];
+        *bytes += r[i].hi - r[i].lo;
+    }
+    uint64_t want = 0;
+    for (int i = 0; i < m; i++)
+        want += r[i].hi - r[i].lo;
+    free(r);
+    if (!why) {
+        gx->registered = 1;
+        return 0;
+    }
+    unregister_all(gx);
+    *bytes = 0;
+    strata_log_warn("cannot pin the routed experts in host memory (%.2f GiB) for DMA: %s; "
+                    "expert copies go through %d pinned bounce buffers of %.1f MiB (slower)",
+                    want / 1073741824.0, why, N_BOUNCE, gx->rec / 1048576.0);
+    for (int i = 0; i < N_BOUNCE; i++) {
+        int rc = host_alloc((void **)&gx->bounce[i], gx->rec, "expert bounce buffers", err);
+        if (!rc)
+            rc = call(gx, cudaEventCreateWithFlags(&gx->bounce_ev[i], cudaEventDisableTiming),
+                      "cudaEventCreate", err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* ---- copies ---- */
+
+/* Start the copy of expert (il, ie) into pool record b on the copy stream. */
+static int copy_expert(struct strata_gpu_ec *gx, int il, int ie, int b, struct strata_err *err)
+{
+    char *dst = gx->pool_dev + (size_t)b * gx->rec;
+    const size_t off[3] = {0, gx->off_up, gx->off_down};
+    const size_t len[3] = {gx->bg[il], gx->bu[il], gx->bd[il]};
+    int rc = 0;
+    if (gx->registered) {
+        for (int p = 0; p < 3 && !rc; p++)
+            rc = call(gx, cudaMemcpyAsync(dst + off[p], host_part(gx, il, ie, p), len[p],
+                                          cudaMemcpyHostToDevice, gx->copy),
+                      "copy of an expert to VRAM", err);
+    } else {
+        int j = gx->bounce_next;
+        gx->bounce_next = (j + 1) % N_BOUNCE;
+        rc = call(gx, cudaEventSynchronize(gx->bounce_ev[j]), "expert bounce buffer", err);
+        for (int p = 0; p < 3 && !rc; p++)
+            memcpy(gx->bounce[j] + off[p], host_part(gx, il, ie, p), len[p]);
+        if (!rc)
+            rc = call(gx, cudaMemcpyAsync(dst, gx->bounce[j], gx->off_down + len[2],
+                                          cudaMemcpyHostToDevice, gx->copy),
+                      "copy of an expert to VRAM", err);
+        if (!rc)
+            rc = call(gx, cudaEventRecord(gx->bounce_ev[j], gx->copy), "cudaEventRecord", err);
+    }
+    gx->bytes_copied += len[0] + len[1] + len[2];
+    gx->n_copies++;
+    return rc;
+}
+
+/* A copy into cache slot `slot`: FILLING until the copy stream passed it. */
+static int fill_slot(struct strata_gpu_ec *gx, int il, int ie, int slot, struct strata_err *err)
+{
+    int rc = copy_expert(gx, il, ie, slot, err);
+    if (!rc)
+        gx->pending[gx->n_pending++] = slot;
+    return rc;
+}
+
+/* Mark the slots whose copies completed (all of them once ev_copy passed). */
+static int poll_fills(struct strata_gpu_ec *gx, int wait, struct strata_err *err)
+{
+    if (!gx->n_pending)
+        return 0;
+    cudaError_t e = wait ? cudaEventSynchronize(gx->ev_copy) : cudaEventQuery(gx->ev_copy);
+    if (e == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    int rc = call(gx, e, "expert copies (asynchronous error)", err);
+    for (int i = 0; i < gx->n_pending && !rc; i++)
+        rc = strata_ec_fill_done(gx->ec, gx->pending[i], err);
+    gx->n_pending = 0;
+    return rc;
+}
+
+/* End a batch of copies: the compute stream waits for them (timed by ev_w0/ev_w1). */
+static int copies_then_compute(struct strata_gpu_ec *gx, struct strata_err *err)
+{
+    int rc = call(gx, cudaEventRecord(gx->ev_copy, gx->copy), "cudaEventRecord", err);
+    if (!rc && !gx->wait_pending)
+        rc = call(gx, cudaEventRecord(gx->ev_w0, gx->ctx->stream), "cudaEventRecord", err);
+    if (!rc)
+        rc = call(gx, cudaStreamWaitEvent(gx->ctx->stream, gx->ev_copy, 0), "cudaStreamWaitEvent",
+                  err);
+    if (!rc && !gx->wait_pending) {
+        rc = call(gx, cudaEventRecord(gx->ev_w1, gx->ctx->stream), "cudaEventRecord", err);
+        gx->wait_pending = !rc;
+    }
+    return rc;
+}
+
+static void collect_wait(struct strata_gpu_ec *gx)
+{
+    float ms = 0;
+    if (!gx->wait_pending)
+        return;
+    if (cudaEventElapsedTime(&ms, gx->ev_w0, gx->ev_w1) == cudaSuccess)
+        gx->t_copy_wait += ms * 1e-3;
+    (void)cudaGetLastError();
+    gx->wait_pending = 0;
+}
+
+/* ---- PCIe probe ---- */
+
+static double probe_h2d(struct strata_gpu_ec *gx)
+{
+    const size_t n = 64u << 20;
+    void *h = NULL, *d = NULL;
+    cudaEvent_t a = NULL, b = NULL;
+    double gbs = -1;
+    float ms = 0;
+    if (cudaMallocHost(&h, n) != cudaSuccess || cudaMalloc(&d, n) != cudaSuccess ||
+        cudaEventCreate(&a) != cudaSuccess || cudaEventCreate(&b) != cudaSuccess)
+        goto out;
+    memset(h, 1, n);
+    if (cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, gx->copy) != cudaSuccess ||
+        cudaEventRecord(a, gx->copy) != cudaSuccess)
+        goto out;
+    for (int i = 0; i < 4; i++)
+        if (cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, gx->copy) != cudaSuccess)
+            goto out;
+    if (cudaEventRecord(b, gx->copy) != cudaSuccess || cudaEventSynchronize(b) != cudaSuccess ||
+        cudaEventElapsedTime(&ms, a, b) != cudaSuccess || ms <= 0)
+        goto out;
+    gbs = 4.0 * n / (ms * 1e-3) / 1e9;
+out:
+    if (a)
+        (void)cudaEventDestroy(a);
+    if (b)
+        (void)cudaEventDestroy(b);
+    if (d)
+        (void)cudaFree(d);
+    if (h)
+        (void)cudaFreeHost(h);
+    (void)cudaGetLastError();
+    return gbs;
+}
+
+/* ---- create / free ---- */
+
+struct strata_expert_cache *strata_gpu_ec_cache(struct strata_gpu_ec *gx)
+{
+    return gx ? gx->ec : NULL;
+}
+
+static void print_stats(struct strata_gpu_ec *gx)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return;
+    strata_ec_stats_print(f, gx->ec);
+    const struct strata_ec_layer_stats *st =
+        gx->first_moe >= 0 ? strata_ec_stats(gx->ec, gx->first_moe) : NULL;
+    double tok = st && st->tokens ? (double)st->tokens : 1;
+    fprintf(f, "expert copies: %llu (%.3f MB per token), CPU experts %.3f per token\n",
+            (unsigned long long)gx->n_copies, gx->bytes_copied / 1e6 / tok,
+            gx->n_cpu_experts / tok);
+    fprintf(f, "expert time: MoE layers %.3f s = GPU %.3f s (of which waiting for copies "
+            "%.3f s) + CPU experts %.3f s + host %.3f s\n", gx->t_moe, gx->t_fwd_sync,
+            gx->t_copy_wait, gx->t_cpu, gx->t_moe - gx->t_fwd_sync - gx->t_cpu);
+    fclose(f);
+    log_lines(buf);
+    free(buf);
+}
+
+void strata_gpu_ec_free(struct strata_gpu_ec *gx)
+{
+    if (!gx)
+        return;
+    if (gx->copy)
+        (void)cudaStreamSynchronize(gx->copy);
+    if (gx->ctx && gx->ctx->stream)
+        (void)cudaStreamSynchronize(gx->ctx->stream);
+    collect_wait(gx);
+    if (gx->ec && gx->cfg.stats)
+        print_stats(gx);
+    unregister_all(gx);
+    for (int i = 0; i < N_BOUNCE; i++) {
+        if (gx->bounce[i])
+            (void)cudaFreeHost(gx->bounce[i]);
+        if (gx->bounce_ev[i])
+            (void)cudaEventDestroy(gx->bounce_ev[i]);
+    }
+    cudaEvent_t evs[] = {gx->ev_copy, gx->ev_round, gx->ev_w0, gx->ev_w1};
+    for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
+        if (evs[i])
+            (void)cudaEventDestroy(evs[i]);
+    void *hp[] = {gx->h_ids, gx->h_arena, gx->h_xn, gx->h_cpu, gx->h_rnext};
+    for (size_t i = 0; i < sizeof hp / sizeof hp[0]; i++)
+        if (hp[i])
+            (void)cudaFreeHost(hp[i]);
+    void *dp[] = {gx->pool_dev, gx->d_rids, gx->d_idx, gx->d_rc, gx->d_cidx,
+                  gx->d_xg, gx->d_eoc, gx->d_cpu, gx->d_rnext};
+    for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
+        if (dp[i])
+            (void)cudaFree(dp[i]);
+    if (gx->copy)
+        (void)cudaStreamDestroy(gx->copy);
+    (void)cudaGetLastError();
+    strata_pool_free(gx->own_pool);
+    strata_ec_free(gx->ec);
+    free(gx->next_moe);
+    free(gx->gate_inp);
+    free(gx->vg);
+    free(gx->vu);
+    free(gx->vd);
+    free(gx->bg);
+    free(gx->bu);
+    free(gx->bd);
+    free(gx->pending);
+    free(gx->cx);
+    free(gx->cg);
+    free(gx->cu);
+    free(gx->list);
+    free(gx->bufs);
+    free(gx->cnt);
+    free(gx->buf_of);
+    free(gx->round_of);
+    free(gx);
+}
+
+static int make_view(struct strata_gpu_ec *gx, const struct strata_weight *w, size_t off,
+                     struct strata_k_weight *v, struct strata_err *err)
+{
+    if (!strata_k_type_supported(w->type))
+        return strata_k_err(err, STRATA_E_UNSUPPORTED, "tensor '%s': type %s has no GPU kernel",
+                            w->name,
+                            strata_ggml_type_name(w->type) ? strata_ggml_type_name(w->type) : "?");
+    v->type = w->type;
+    v->ne0 = w->ne[0];
+    v->ne1 = w->ne[1] > 0 ? w->ne[1] : 1;
+    v->nb1 = w->nb1;
+    v->nb2 = gx->rec;
+    v->data = gx->pool_dev + off;
+    return 0;
+}
+
+/* Size the slot pool from the budget; log the plan.  *n_slots = -1: every expert fits. */
+static int plan(struct strata_gpu_ec *gx, const struct strata_gpu_ec_in *in, int n_moe,
+                int *n_slots, struct strata_err *err)
+{
+    struct strata_ec_plan_in pi;
+    struct strata_ec_mem_plan p;
+    memset(&pi, 0, sizeof pi);
+    pi.dense_bytes = in->dense_bytes;
+    pi.expert_bytes = gx->rec;
+    pi.kv_bytes_per_token = in->n_ctx > 0 ? in->kv_bytes / (uint64_t)in->n_ctx : 0;
+    pi.scratch_bytes = in->scratch_bytes + in->kv_bytes - pi.kv_bytes_per_token * in->n_ctx;
+    pi.n_ctx = (uint32_t)in->n_ctx;
+    pi.n_experts_total = (uint32_t)(n_moe * gx->X);
+    pi.n_expert_used = (uint32_t)gx->K;
+    pi.vram_free = in->vram_free;
+    pi.vram_reserve = (uint64_t)in->cfg->vram_reserve_mib << 20;
+    pi.vram_budget = (uint64_t)in->cfg->vram_budget_mib << 20;
+    int rc = strata_ec_plan_compute(&pi, &p, err);
+    if (rc)
+        return rc;
+    if (in->cfg->slots >= 0) {
+        uint32_t want = (uint32_t)in->cfg->slots < pi.n_experts_total ? (uint32_t)in->cfg->slots
+                                                                      : pi.n_experts_total;
+        if (want > p.n_slots && !in->cfg->vram_budget_mib)
+            strata_log_warn("expert slots: %u asked, the VRAM budget holds %u", want, p.n_slots);
+        p.n_slots = want;
+        p.cache = (uint64_t)want * gx->rec;
+        p.staging = 2ull * gx->K * gx->rec;
+    }
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (f) {
+        strata_ec_plan_print(f, &p);
+        fclose(f);
+        log_lines(buf);
+        free(buf);
+    }
+    *n_slots = p.n_slots == pi.n_experts_total && in->cfg->slots < 0 ? -1 : (int)p.n_slots;
+    return 0;
+}
+
+int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_in *in,
+                         struct strata_err *err)
+{
+    const struct strata_hparams *hp = &in->m->hp;
+    struct strata_gpu_ec *gx = NULL;
+    struct strata_ec_profile prof;
+    int rc = 0, n_moe = 0, found = 0;
+    memset(&prof, 0, sizeof prof);
+    *out = NULL;
+    if (!hp->n_expert || !in->cfg)
+        return 0;
+    gx = (struct strata_gpu_ec *)calloc(1, sizeof *gx);
+    if (!gx)
+        return strata_k_err(err, STRATA_E_NOMEM, "out of memory");
+    gx->ctx = in->ctx;
+    gx->m = in->m;
+    gx->cfg = *in->cfg;
+    gx->pool = in->pool;
+    gx->L = (int)hp->n_layer;
+    gx->X = (int)hp->n_expert;
+    gx->K = (int)hp->n_expert_used;
+    gx->E = (int)hp->n_embd;
+    gx->n_ub = in->n_ub;
+    gx->mv_max = in->mv_max;
+    gx->first_moe = -1;
+    gx->next_moe = (int *)calloc((size_t)gx->L, sizeof(int));
+    gx->gate_inp = (struct strata_k_weight *)calloc((size_t)gx->L, sizeof *gx->gate_inp);
+    gx->vg = (struct strata_k_weight *)calloc((size_t)gx->L, sizeof *gx->vg);
+    gx->vu = (struct strata_k_weight *)calloc((size_t)gx->L, sizeof *gx->vu);
+    gx->vd = (struct strata_k_weight *)calloc((size_t)gx->L, sizeof *gx->vd);
+    gx->bg = (size_t *)calloc((size_t)gx->L, sizeof(size_t));
+    gx->bu = (size_t *)calloc((size_t)gx->L, sizeof(size_t));
+    gx->bd = (size_t *)calloc((size_t)gx->L, sizeof(size_t));
+    uint8_t *is_moe = (uint8_t *)calloc((size_t)gx->L, 1);
+    if (!gx->next_moe || !gx->gate_inp || !gx->vg || !gx->vu || !gx->vd || !gx->bg || !gx->bu ||
+        !gx->bd || !is_moe) {
+        rc = strata_k_err(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    {
+        size_t mg = 0, mu = 0, md = 0;
+        for (int il = 0; il < gx->L; il++) {
+            const struct strata_layer *L = &in->m->layers[il];
+            gx->next_moe[il] = -1;
+            if (!L->is_moe)
+                continue;
+            is_moe[il] = 1;
+            n_moe++;
+            if (gx->first_moe < 0)
+                gx->first_moe = il;
+            gx->gate_inp[il] = in->gate_inp[il];
+            gx->bg[il] = mat_bytes(&L->ffn_gate_exps);
+            gx->bu[il] = mat_bytes(&L->ffn_up_exps);
+            gx->bd[il] = mat_bytes(&L->ffn_down_exps);
+            mg = gx->bg[il] > mg ? gx->bg[il] : mg;
+            mu = gx->bu[il] > mu ? gx->bu[il] : mu;
+            md = gx->bd[il] > md ? gx->bd[il] : md;
+            if ((int)L->ffn_gate_exps.ne[1] > gx->n_ff)
+                gx->n_ff = (int)L->ffn_gate_exps.ne[1];
+        }
+        for (int il = gx->L - 2, nx = -1; il >= -1; il--) {
+            if (il + 1 < gx->L && is_moe[il + 1])
+                nx = il + 1;
+            if (il >= 0)
+                gx->next_moe[il] = nx;
+        }
+        gx->off_up = ALIGN_UP(mg, 256);
+        gx->off_down = gx->off_up + ALIGN_UP(mu, 256);
+        gx->rec = gx->off_down + ALIGN_UP(md, 256);
+    }
+    if (!n_moe)
+        goto out;
+    if ((rc = plan(gx, in, n_moe, &gx->n_slots, err)))
+        goto out;
+    if (gx->n_slots < 0) {
+        strata_log_info("memory plan: every routed expert fits in VRAM");
+        goto out;
+    }
+    gx->n_staging = 2 * gx->K;
+    if ((rc = dev_alloc(gx, (void **)&gx->pool_dev,
+                        (size_t)(gx->n_slots + gx->n_staging) * gx->rec, "the expert slots",
+                        err)))
+        goto out;
+    for (int il = 0; il < gx->L && !rc; il++) {
+        const struct strata_layer *L = &in->m->layers[il];
+        if (!is_moe[il])
+            continue;
+        if ((rc = make_view(gx, &L->ffn_gate_exps, 0, &gx->vg[il], err)) ||
+            (rc = make_view(gx, &L->ffn_up_exps, gx->off_up, &gx->vu[il], err)) ||
+            (rc = make_view(gx, &L->ffn_down_exps, gx->off_down, &gx->vd[il], err)))
+            goto out;
+    }
+    if ((rc = call(gx, cudaStreamCreateWithFlags(&gx->copy, cudaStreamNonBlocking),
+                   "cudaStreamCreate (expert copies)", err)) ||
+        (rc = call(gx, cudaEventCreateWithFlags(&gx->ev_copy, cudaEventDisableTiming),
+                   "cudaEventCreate", err)) ||
+        (rc = call(gx, cudaEventCreateWithFlags(&gx->ev_round, cudaEventDisableTiming),
+                   "cudaEventCreate", err)) ||
+        (rc = call(gx, cudaEventCreate(&gx->ev_w0), "cudaEventCreate", err)) ||
+        (rc = call(gx, cudaEventCreate(&gx->ev_w1), "cudaEventCreate", err)))
+        goto out;
+    {
+        uint64_t pinned = 0;
+        double t0 = now_s();
+        char line[160];
+        if ((rc = pin_experts(gx, &pinned, err)))
+            goto out;
+        if (pinned) {
+            strata_ec_fmt_loaded(line, sizeof line, pinned, now_s() - t0);
+            strata_log_info("%s (pinned in place)", line);
+        }
+    }
+    if (gx->cfg.pool_workers > 0 &&
+        (!gx->pool || strata_pool_n_threads(gx->pool) != gx->cfg.pool_workers) &&
+        (rc = strata_pool_create(&gx->own_pool, gx->cfg.pool_workers, err)))
+        goto out;
+    if (gx->own_pool)
+        gx->pool = gx->own_pool;
+    {
+        double frac = gx->cfg.pcie_frac;
+        char line[160];
+        if (frac < 0) {
+            double pcie = probe_h2d(gx);
+            double cpu = strata_probe_mem_read_gbs(64u << 20, strata_pool_n_threads(gx->pool));
+            frac = strata_probe_pcie_frac(pcie, cpu);
+            if (frac < 0)
+                frac = 1;
+            gx->frac_auto = 1;
+            strata_ec_fmt_probe(line, sizeof line, pcie, frac);
+            strata_log_info("%s (CPU experts: %d threads reading %.1f GB/s)", line,
+                            strata_pool_n_threads(gx->pool), cpu);
+        }
+        gx->frac_decode = frac;
+        gx->cpu_possible = frac < 1;
+    }
+    {
+        struct strata_ec_opts eo;
+        strata_ec_opts_init(&eo);
+        eo.n_layer = gx->L;
+        eo.n_expert = gx->X;
+        eo.n_expert_used = gx->K;
+        eo.is_moe = is_moe;
+        eo.n_slots = gx->n_slots;
+        eo.expert_bytes = gx->rec;
+        eo.adapt_every = gx->cfg.adapt_every;
+        eo.pcie_frac = gx->frac_decode;
+        if (in->pack && strata_pack_dir(in->pack)) {
+            if ((rc = strata_ec_profile_find(&prof, strata_pack_dir(in->pack), gx->L, gx->X,
+                                             &found, err)))
+                goto out;
+            if (found) {
+                eo.profile = prof.counts;
+                strata_log_info("expert cache: initial fill from the pack's routing profile "
+                                "(%llu tokens)", (unsigned long long)prof.tokens);
+            }
+        }
+        if ((rc = strata_ec_create(&gx->ec, &eo, err)))
+            goto out;
+    }
+    {
+        const size_t T = (size_t)gx->n_ub, A = T * gx->K;
+        int mm_ok = 1;
+        for (int il = 0; il < gx->L; il++)
+            if (is_moe[il] && (gx->vg[il].ne0 % 64 || gx->vd[il].ne0 % 64))
+                mm_ok = 0;
+        gx->rows_c = mm_ok && (size_t)gx->mv_max * gx->K < A ? gx->mv_max * gx->K : (int)A;
+        /* what one batch uploads from the arena: perm (A), tiles (3 per tile, at most
+         * A / BN + one per expert and round, + n_tiles), remapped ids (A), compacted
+         * rows (2 A) and the CPU rows' assignments (A) */
+        gx->arena_cap = 6 * A + 4 * (A / STRATA_K_MM_BN + 2 * (size_t)gx->X + 64);
+        gx->pending = (int32_t *)malloc(sizeof(int32_t) * (size_t)(gx->n_slots + 1));
+        gx->list = (int32_t *)malloc(sizeof(int32_t) * A);
+        gx->bufs = (int32_t *)malloc(sizeof(int32_t) * A);
+        gx->cnt = (int32_t *)malloc(sizeof(int32_t) * (size_t)(gx->n_slots + gx->n_staging + 1));
+        gx->buf_of = (int32_t *)malloc(sizeof(int32_t) * (size_t)gx->X);
+        gx->round_of = (int32_t *)malloc(sizeof(int32_t) * (size_t)gx->X);
+        if (!gx->pending || !gx->list || !gx->bufs || !gx->cnt || !gx->buf_of ||
+            !gx->round_of) {
+            rc = strata_k_err(err, STRATA_E_NOMEM, "out of memory");
+            goto out;
+        }
+        if ((rc = host_alloc((void **)&gx->h_ids, 4 * A, "routed ids", err)) ||
+            (rc = host_alloc((void **)&gx->h_arena, 4 * gx->arena_cap, "expert plans",
+                             err)) ||
+            (rc = host_alloc((void **)&gx->h_rnext, 4 * (size_t)gx->X, "router", err)) ||
+            (rc = dev_alloc(gx, (void **)&gx->d_rids, 4 * A, "expert ids", err)) ||
+            (rc = dev_alloc(gx, (void **)&gx->d_idx, 4 * A, "expert ids", err)) ||
+            (rc = dev_alloc(gx, (void **)&gx->d_rc, 4 * A, "expert ids", err)) ||
+            (rc = dev_alloc(gx, (void **)&gx->d_cidx, 4 * A, "expert ids", err)) ||
+            (rc = dev_alloc(gx, (void **)&gx->d_rnext, 4 * (size_t)gx->X, "router", err)) ||
+            (rc = dev_alloc(gx, (void **)&gx->d_xg, 4 * (size_t)gx->rows_c * gx->E,
+                            "expert inputs", err)) ||
+            (rc = dev_alloc(gx, (void **)&gx->d_eoc, 4 * (size_t)gx->rows_c * gx->E,
+                            "expert outputs", err)))
+            goto out;
+        if (gx->cpu_possible) {
+            gx->cx = (float *)malloc(4 * T * gx->E);
+            gx->cg = (float *)malloc(4 * T * gx->n_ff);
+            gx->cu = (float *)malloc(4 * T * gx->n_ff);
+            if (!gx->cx || !gx->cg || !gx->cu) {
+                rc = strata_k_err(err, STRATA_E_NOMEM, "out of memory");
+                goto out;
+            }
+            if ((rc = host_alloc((void **)&gx->h_xn, 4 * T * gx->E, "expert inputs", err)) ||
+                (rc = host_alloc((void **)&gx->h_cpu, 4 * A * gx->E, "CPU expert outputs",
+                                 err)) ||
+                (rc = dev_alloc(gx, (void **)&gx->d_cpu, 4 * A * gx->E, "CPU expert outputs",
+                                err)))
+                goto out;
+        }
+    }
+    {
+        const int ns = gx->n_slots;
+        int32_t *fl = (int32_t *)malloc(sizeof(int32_t) * 3 * (size_t)(ns + 1));
+        if (!fl) {
+            rc = strata_k_err(err, STRATA_E_NOMEM, "out of memory");
+            goto out;
+        }
+        int n = strata_ec_initial_fill(gx->ec, ns, fl, fl + ns, fl + 2 * ns);
+        char line[160];
+        strata_ec_fmt_filling(line, sizeof line, (uint32_t)n, (uint64_t)n * gx->rec);
+        strata_log_info("%s", line);
+        double t0 = now_s();
+        for (int i = 0; i < n && !rc; i++)
+            rc = fill_slot(gx, fl[i], fl[ns + i], fl[2 * ns + i], err);
+        if (!rc)
+            rc = call(gx, cudaEventRecord(gx->ev_copy, gx->copy), "cudaEventRecord", err);
+        if (!rc)
+            rc = poll_fills(gx, 1, err);
+        free(fl);
+        if (rc)
+            goto out;
+        double dt = now_s() - t0;
+        strata_log_info("expert cache filled: %d experts, %.2f GiB in %.2f s (%.1f GB/s)", n,
+                        (double)n * gx->rec / 1073741824.0, dt,
+                        dt > 0 ? (double)n * gx->rec / dt / 1e9 : 0.0);
+        gx->bytes_copied = 0;
+        gx->n_copies = 0;
+    }
+    *out = gx;
+    gx = NULL;
+out:
+    free(is_moe);
+    strata_ec_profile_free(&prof);
+    strata_gpu_ec_free(gx);
+    return rc;
+}
+
+/* ---- the MoE of one layer ---- */
+
+static int32_t *arena(struct strata_gpu_ec *gx, size_t n)
+{
+    if (gx->arena_used + n > gx->arena_cap)
+        return NULL;
+    int32_t *p = gx->h_arena + gx->arena_used;
+    gx->arena_used += n;
+    return p;
+}
+
+static int up(struct strata_gpu_ec *gx, void *dst, const void *src, size_t bytes,
+              struct strata_err *err)
+{
+    return call(gx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, gx->ctx->stream),
+                "upload of an expert plan", err);
+}
+
+static int launch_rows(struct strata_gpu_ec *gx, const float *x, const int32_t *idx, int div,
+                       int m, float *y, int scatter, struct strata_err *err)
+{
+    dim3 grid((unsigned)((gx->E + STRATA_GPU_BLOCK - 1) / STRATA_GPU_BLOCK), (unsigned)m),
+        block(STRATA_GPU_BLOCK);
+    if (scatter)
+        ec_scatter_kernel<<<grid, block, 0, gx->ctx->stream>>>(x, idx, gx->E, y);
+    else
+        ec_gather_kernel<<<grid, block, 0, gx->ctx->stream>>>(x, idx, div, gx->E, y);
+    return strata_k_check(gx->ctx, scatter ? "ec_scatter_kernel" : "ec_gather_kernel", grid,
+                          block, err, "rows=%d n=%d", m, gx->E);
+}
+
+/* The GPU experts of one round: assignments list[0..m) (t * k + j), each computed
+ * from pool record bufs[i]. */
+static int run_round(struct strata_gpu_ec *gx, int il, int n, const struct strata_gpu_ec_io *io,
+                     const int32_t *list, const int32_t *bufs, int m, struct strata_err *err)
+{
+    const int A = n * gx->K, E = gx->E;
+    const struct strata_k_weight *g = &gx->vg[il], *u = &gx->vu[il], *d = &gx->vd[il];
+    int rc;
+    if (m <= 0)
+        return 0;
+    if (n > gx->mv_max && g->ne0 % 64 == 0 && d->ne0 % 64 == 0) {
+        /* grouped mat-mat: perm grouped by record, tiles of <= STRATA_K_MM_BN rows */
+        int nb = gx->n_slots + gx->n_staging;
+        int32_t *perm = arena(gx, (size_t)m), *cnt = gx->cnt;
+        if (!perm)
+            return strata_k_err(err, STRATA_E_INTERNAL, "expert plan arena too small");
+        memset(cnt, 0, sizeof(int32_t) * ((size_t)nb + 1));
+        for (int i = 0; i < m; i++)
+            cnt[bufs[i] + 1]++;
+        int nt = 0;
+        for (int b = 0; b < nb; b++) {
+            nt += (cnt[b + 1] + STRATA_K_MM_BN - 1) / STRATA_K_MM_BN;
+            cnt[b + 1] += cnt[b];
+        }
+        int32_t *tiles = arena(gx, 3 * (size_t)nt + 1);
+        if (!tiles)
+            return strata_k_err(err, STRATA_E_INTERNAL, "expert plan arena too small");
+        for (int b = 0, t = 0; b < nb; b++)
+            for (int s = cnt[b]; s < cnt[b + 1]; s += STRATA_K_MM_BN) {
+                tiles[3 * t] = b;
+                tiles[3 * t + 1] = s;
+                tiles[3 * t + 2] = s + STRATA_K_MM_BN < cnt[b + 1] ? s + STRATA_K_MM_BN
+                                                                    : cnt[b + 1];
+                t++;
+            }
+        for (int i = 0; i < m; i++)
+            perm[cnt[bufs[i]]++] = list[i];
+        tiles[3 * nt] = nt;
+        if ((rc = up(gx, io->perm, perm, 4 * (size_t)m, err)) ||
+            (rc = up(gx, io->tiles, tiles, 12 * (size_t)nt, err)) ||
+            (rc = up(gx, io->n_tiles, tiles + 3 * nt, 4, err)))
+            return rc;
+        struct strata_k_mm_args a;
+        memset(&a, 0, sizeof a);
+        a.w = g;
+        a.up = u;
+        a.glu = 1;
+        a.n_tok = A;
+        a.perm = io->perm;
+        a.tiles = io->tiles;
+        a.n_tiles = io->n_tiles;
+        a.max_tiles = nt;
+        a.x_div = gx->K;
+        a.x = io->xn;
+        a.x_stride = E;
+        a.y = io->act;
+        a.y_stride = g->ne1;
+        if ((rc = strata_k_matmul(gx->ctx, &a, err)))
+            return rc;
+        a.w = d;
+        a.up = NULL;
+        a.glu = 0;
+        a.x_div = 1;
+        a.x = io->act;
+        a.x_stride = d->ne0;
+        a.y = io->eout;
+        a.y_stride = E;
+        return strata_k_matmul(gx->ctx, &a, err);
+    }
+    struct strata_k_mv_args a;
+    memset(&a, 0, sizeof a);
+    a.w = g;
+    a.up = u;
+    a.glu = 1;
+    if (m == A) {
+        /* every assignment, in order: the routed layout with remapped ids */
+        int32_t *rid = arena(gx, (size_t)A);
+        if (!rid)
+            return strata_k_err(err, STRATA_E_INTERNAL, "expert plan arena too small");
+        for (int i = 0; i < A; i++)
+            rid[list[i]] = bufs[i];
+        if ((rc = up(gx, gx->d_rids, rid, 4 * (size_t)A, err)))
+            return rc;
+        a.ids = gx->d_rids;
+        a.n_slot = A;
+        a.x_group = gx->K;
+        a.x = io->xn;
+        a.x_stride = E;
+        a.y = io->act;
+        a.y_stride = g->ne1;
+        if ((rc = strata_k_matvec(gx->ctx, &a, err)))
+            return rc;
+        a.w = d;
+        a.up = NULL;
+        a.glu = 0;
+        a.x_group = 1;
+        a.x = io->act;
+        a.x_stride = d->ne0;
+        a.y = io->eout;
+        a.y_stride = E;
+        return strata_k_matvec(gx->ctx, &a, err);
+    }
+    /* a subset: gather its input rows, compute compactly, scatter the outputs */
+    for (int i0 = 0; i0 < m; i0 += gx->rows_c) {
+        int mc = m - i0 < gx->rows_c ? m - i0 : gx->rows_c;
+        int32_t *hi = arena(gx, (size_t)mc), *hb = arena(gx, (size_t)mc);
+        if (!hi || !hb)
+            return strata_k_err(err, STRATA_E_INTERNAL, "expert plan arena too small");
+        memcpy(hi, list + i0, 4 * (size_t)mc);
+        memcpy(hb, bufs + i0, 4 * (size_t)mc);
+        if ((rc = up(gx, gx->d_idx, hi, 4 * (size_t)mc, err)) ||
+            (rc = up(gx, gx->d_rc, hb, 4 * (size_t)mc, err)) ||
+            (rc = launch_rows(gx, io->xn, gx->d_idx, gx->K, mc, gx->d_xg, 0, err)))
+            return rc;
+        a.w = g;
+        a.up = u;
+        a.glu = 1;
+        a.ids = gx->d_rc;
+        a.n_slot = mc;
+        a.x_group = 1;
+        a.x = gx->d_xg;
+        a.x_stride = E;
+        a.y = io->act;
+        a.y_stride = g->ne1;
+        if ((rc = strata_k_matvec(gx->ctx, &a, err)))
+            return rc;
+        a.w = d;
+        a.up = NULL;
+        a.glu = 0;
+        a.x = io->act;
+        a.x_stride = d->ne0;
+        a.y = gx->d_eoc;
+        a.y_stride = E;
+        if ((rc = strata_k_matvec(gx->ctx, &a, err)) ||
+            (rc = launch_rows(gx, gx->d_eoc, gx->d_idx, 1, mc, io->eout, 1, err)))
+            return rc;
+    }
+    return 0;
+}
+
+static float silu(float x)
+{
+    return x / (1.0f + expf(-x));
+}
+
+/* The CPU experts of a plan, one after the other, each matrix spread over the pool:
+ * rows of h_cpu in plan order, their assignments in idx. */
+static int cpu_experts(struct strata_gpu_ec *gx, int il, int n, const struct strata_ec_plan *p,
+                       int32_t *idx, int *rows, struct strata_err *err)
+{
+    const struct strata_layer *L = &gx->m->layers[il];
+    const int A = n * gx->K, E = gx->E;
+    int r = 0, rc = 0;
+    for (int it = 0; it < p->n_items && !rc; it++) {
+        const struct strata_ec_item *m = &p->items[it];
+        if (m->where != STRATA_EC_CPU)
+            continue;
+        int cnt = 0;
+        for (int a = 0; a < A; a++)
+            if (gx->h_ids[a] == m->expert) {
+                idx[r + cnt] = a;
+                memcpy(gx->cx + (size_t)cnt * E, gx->h_xn + (size_t)(a / gx->K) * E,
+                       sizeof(float) * (size_t)E);
+                cnt++;
+            }
+        struct strata_mat wg = {L->ffn_gate_exps.type, L->ffn_gate_exps.ne[0],
+                                L->ffn_gate_exps.ne[1], L->ffn_gate_exps.nb1,
+                                host_part(gx, il, m->expert, 0)};
+        struct strata_mat wu = {L->ffn_up_exps.type, L->ffn_up_exps.ne[0], L->ffn_up_exps.ne[1],
+                                L->ffn_up_exps.nb1, host_part(gx, il, m->expert, 1)};
+        struct strata_mat wd = {L->ffn_down_exps.type, L->ffn_down_exps.ne[0],
+                                L->ffn_down_exps.ne[1], L->ffn_down_exps.nb1,
+                                host_part(gx, il, m->expert, 2)};
+        const int64_t nf = wg.ne1;
+        if ((rc = strata_matmul(gx->pool, &wg, gx->cx, cnt, gx->cg, err)) ||
+            (rc = strata_matmul(gx->pool, &wu, gx->cx, cnt, gx->cu, err)))
+            break;
+        for (int64_t i = 0; i < (int64_t)cnt * nf; i++)
+            gx->cg[i] = silu(gx->cg[i]) * gx->cu[i];
+        if ((rc = strata_matmul(gx->pool, &wd, gx->cg, cnt, gx->h_cpu + (size_t)r * E, err)))
+            break;
+        r += cnt;
+        gx->n_cpu_experts++;
+    }
+    if (rc)
+        strata_err_wrap(err, "CPU expert of layer %d: ", il);
+    *rows = r;
+    return rc;
+}
+
+static int op_copy(void *ctx, int il, int ie, int slot, int staging, struct strata_err *err)
+{
+    struct strata_gpu_ec *gx = (struct strata_gpu_ec *)ctx;
+    if (!staging)
+        return fill_slot(gx, il, ie, slot, err);
+    if (slot >= gx->n_staging)
+        return 0; /* a later round of this batch */
+    return copy_expert(gx, il, ie, gx->n_slots + slot, err);
+}
+
+static int op_cpu(void *ctx, int il, int ie, int n_tok, struct strata_err *err)
+{
+    /* computed after the GPU work was launched, so both run together */
+    (void)ctx;
+    (void)il;
+    (void)ie;
+    (void)n_tok;
+    (void)err;
+    return 0;
+}
+
+int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct strata_gpu_ec_io *io,
+                      struct strata_err *err)
+{
+    const int A = n * gx->K, K = gx->K;
+    cudaStream_t st = gx->ctx->stream;
+    struct strata_ec_plan p;
+    int rc = 0, nx = gx->next_moe[il], rows_cpu = 0, n_rounds = 1;
+    int prefetch = !gx->cfg.no_prefetch && n == 1 && nx >= 0 && gx->n_slots > 0 &&
+                   gx->gate_inp[nx].data;
+    double t_in = now_s();
+    memset(&p, 0, sizeof p);
+    p.released = 1;
+    gx->arena_used = 0;
+    gx->n_batches++;
+    if (prefetch) {
+        /* the next layer's router on this layer's input: its likely experts */
+        struct strata_k_mv_args a;
+        memset(&a, 0, sizeof a);
+        a.w = &gx->gate_inp[nx];
+        a.n_slot = 1;
+        a.x_group = 1;
+        a.x = io->xn;
+        a.x_stride = gx->E;
+        a.y = gx->d_rnext;
+        a.y_stride = gx->X;
+        if ((rc = strata_k_matvec(gx->ctx, &a, err)) ||
+            (rc = call(gx, cudaMemcpyAsync(gx->h_rnext, gx->d_rnext, 4 * (size_t)gx->X,
+                                           cudaMemcpyDeviceToHost, st), "copy of the router",
+                       err)))
+            return rc;
+    }
+    if ((rc = call(gx, cudaMemcpyAsync(gx->h_ids, io->eids, 4 * (size_t)A, cudaMemcpyDeviceToHost,
+                                       st), "copy of the routed ids", err)))
+        return rc;
+    if (gx->cpu_possible && (rc = call(gx, cudaMemcpyAsync(gx->h_xn, io->xn,
+                                                           4 * (size_t)n * gx->E,
+                                                           cudaMemcpyDeviceToHost, st),
+                                       "copy of the expert inputs", err)))
+        return rc;
+    double t0 = now_s();
+    if ((rc = call(gx, cudaStreamSynchronize(st), "forward pass before the routed experts "
+                                                  "(asynchronous error)", err)))
+        return rc;
+    gx->t_fwd_sync += now_s() - t0;
+    collect_wait(gx);
+    if ((rc = poll_fills(gx, 0, err)))
+        return rc;
+    if (il == gx->first_moe) {
+        int32_t t[3 * 64];
+        int max = 2 * K < 64 ? 2 * K : 64;
+        int nr = strata_ec_rebalance(gx->ec, max, t, t + max, t + 2 * max);
+        for (int i = 0; i < nr && !rc; i++)
+            rc = fill_slot(gx, t[i], t[max + i], t[2 * max + i], err);
+        if (rc)
+            return rc;
+    }
+    if (gx->frac_auto)
+        strata_ec_set_pcie_frac(gx->ec, n > gx->mv_max ? 1.0 : gx->frac_decode);
+    if ((rc = strata_ec_lookup(gx->ec, il, n, gx->h_ids, &p, err)))
+        return rc;
+    struct strata_ec_ops ops = {op_copy, op_cpu};
+    if ((rc = strata_ec_dispatch(gx->ec, &p, &ops, gx, err)) ||
+        (rc = copies_then_compute(gx, err)))
+        goto out;
+    for (int i = 0; i < p.n_items; i++) {
+        const struct strata_ec_item *m = &p.items[i];
+        gx->buf_of[m->expert] = -1;
+        gx->round_of[m->expert] = -1;
+        if (m->where == STRATA_EC_HIT || m->where == STRATA_EC_FILL) {
+            gx->buf_of[m->expert] = m->slot;
+            gx->round_of[m->expert] = 0;
+        } else if (m->where == STRATA_EC_STREAM) {
+            gx->buf_of[m->expert] = gx->n_slots + m->slot % gx->n_staging;
+            gx->round_of[m->expert] = m->slot / gx->n_staging;
+            if (gx->round_of[m->expert] + 1 > n_rounds)
+                n_rounds = gx->round_of[m->expert] + 1;
+        }
+    }
+    for (int r = 0; r < n_rounds && !rc; r++) {
+        if (r > 0) {
+            /* the staging buffers are free once the previous round's kernels ran */
+            if ((rc = call(gx, cudaEventRecord(gx->ev_round, st), "cudaEventRecord", err)) ||
+                (rc = call(gx, cudaStreamWaitEvent(gx->copy, gx->ev_round, 0),
+                           "cudaStreamWaitEvent", err)))
+                break;
+            for (int i = 0; i < p.n_items && !rc; i++) {
+                const struct strata_ec_item *m = &p.items[i];
+                if (m->where == STRATA_EC_STREAM && m->slot / gx->n_staging == r)
+                    rc = copy_expert(gx, il, m->expert, gx->buf_of[m->expert], err);
+            }
+            if (rc || (rc = copies_then_compute(gx, err)))
+                break;
+        }
+        int32_t *list = gx->list, *bufs = gx->bufs;
+        int m = 0;
+        for (int a = 0; a < A; a++) {
+            int e = gx->h_ids[a];
+            if (gx->round_of[e] == r && gx->buf_of[e] >= 0) {
+                list[m] = a;
+                bufs[m] = gx->buf_of[e];
+                m++;
+            }
+        }
+        rc = run_round(gx, il, n, io, list, bufs, m, err);
+    }
+    if (rc)
+        goto out;
+    if (prefetch) {
+        int32_t cand[64], ie[64], slot[64];
+        int nc = strata_ec_predict(gx->h_rnext, gx->X, K < 64 ? K : 64, cand);
+        int np = strata_ec_prefetch(gx->ec, nx, cand, nc, ie, slot);
+        for (int i = 0; i < np && !rc; i++)
+            rc = fill_slot(gx, nx, ie[i], slot[i], err);
+        if (!rc && np)
+            rc = call(gx, cudaEventRecord(gx->ev_copy, gx->copy), "cudaEventRecord", err);
+        if (rc)
+            goto out;
+    }
+    if (p.n_cpu) {
+        int32_t *idx = arena(gx, (size_t)A);
+        double tc = now_s();
+        if (!idx) {
+            rc = strata_k_err(err, STRATA_E_INTERNAL, "expert plan arena too small");
+            goto out;
+        }
+        if ((rc = cpu_experts(gx, il, n, &p, idx, &rows_cpu, err)))
+            goto out;
+        gx->t_cpu += now_s() - tc;
+        if (rows_cpu &&
+            ((rc = up(gx, gx->d_cpu, gx->h_cpu, 4 * (size_t)rows_cpu * gx->E, err)) ||
+             (rc = up(gx, gx->d_cidx, idx, 4 * (size_t)rows_cpu, err)) ||
+             (rc = launch_rows(gx, gx->d_cpu, gx->d_cidx, 1, rows_cpu, io->eout, 1, err))))
+            goto out;
+    }
+out:
+    strata_ec_release(gx->ec, &p);
+    gx->t_moe += now_s() - t_in;
+    if (rc)
+        strata_err_wrap(err, "routed experts of layer %d: ", il);
+    return rc;
+}
+
+#endif /* STRATA_GPU_HOST_PASS */

@@ -1,0 +1,75 @@
+/* backend_experts.h - the GPU backend's routed experts when they do not all fit in
+ * VRAM: the memory plan, a VRAM slot pool run by the expert cache (lib/expert_cache.h),
+ * copies over PCIe on a copy stream of their own, experts computed by the CPU worker
+ * pool, and the MoE of one layer on remapped expert ids.  C++ (nvcc / hipcc); host code.
+ *
+ * The slot pool is one device buffer of n_slots + n_staging records; record b holds
+ * the gate, up and down matrices of one (layer, expert) at fixed offsets, so a layer's
+ * experts in the pool are three strata_k_weight stacks whose nb2 is the record stride:
+ * the MoE kernels address record b as data + b * nb2, exactly as they address expert e
+ * of a stack in VRAM.  Remapping the routed ids (expert -> record) is all it takes.
+ * The routed experts' host bytes (the GGUF mapping, or a pack's experts.bin) are
+ * registered for DMA in place, read-only; when that fails, copies go through pinned
+ * bounce buffers.
+ */
+#ifndef STRATA_KERNELS_BACKEND_EXPERTS_H
+#define STRATA_KERNELS_BACKEND_EXPERTS_H
+
+#include "kernels.h"
+
+extern "C" {
+#include "expert_cache.h"
+}
+
+struct strata_model;
+struct strata_pack;
+struct strata_pool;
+struct strata_gpu_ec;
+
+struct strata_gpu_ec_in {
+    struct strata_gpu_ctx *ctx;        /* the backend's device and compute stream */
+    const struct strata_model *m;      /* host weights: the routed experts stay there */
+    const struct strata_ec_cfg *cfg;   /* budget, adapt_every, pcie_frac, pool_workers */
+    struct strata_pool *pool;          /* the engine's pool (CPU experts) */
+    const struct strata_pack *pack;    /* its routing profile fills the cache; may be NULL */
+    const struct strata_k_weight *gate_inp; /* [n_layer] routers in VRAM (prefetch) */
+    int n_ub;                          /* tokens per forward call at most */
+    int n_ctx;
+    int mv_max;                        /* batches up to this use the mat-vec kernels */
+    uint64_t vram_free;                /* free VRAM before the backend allocated, bytes */
+    uint64_t dense_bytes, kv_bytes, scratch_bytes; /* what the backend holds in VRAM */
+};
+
+/* Plan the memory and, when the routed experts do not all fit (or cfg->slots >= 0),
+ * set up the offload: slot pool, staging, host registration, PCIe probe, initial
+ * fill.  Logs the memory plan and the progress lines.  *out = NULL (and 0 returned)
+ * when every expert fits: the caller uploads them as usual.  Errors: STRATA_E_LIMIT
+ * (the budget cannot hold the dense part), STRATA_E_NOMEM, STRATA_E_GPU,
+ * STRATA_E_UNSUPPORTED (an expert type without a GPU kernel; named). */
+int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_in *in,
+                         struct strata_err *err);
+/* Waits for its copies, prints the statistics when cfg->stats; NULL is accepted. */
+void strata_gpu_ec_free(struct strata_gpu_ec *gx);
+
+/* Device buffers of the backend that the MoE of a layer reads and writes. */
+struct strata_gpu_ec_io {
+    const float *xn;      /* [n, n_embd] the ffn_norm output */
+    const int32_t *eids;  /* [n, k] routed expert ids (moe_route) */
+    float *act;           /* [n * k, n_ff_exp] scratch */
+    float *eout;          /* [n * k, n_embd] expert outputs, combined by the caller */
+    int32_t *perm, *tiles, *n_tiles; /* grouped mat-mat plan scratch (max_tiles) */
+};
+
+/* The routed experts of layer il for a batch of n tokens: downloads the routed ids
+ * (one small copy and a synchronisation of the compute stream), looks them up in the
+ * cache, copies misses on the copy stream, runs the hits and copies on the GPU as soon
+ * as their copies landed (the compute stream waits on an event), computes the CPU
+ * misses on the pool meanwhile, uploads those rows, and writes every row of io->eout.
+ * Errors: STRATA_E_GPU (names the call or kernel), those of the expert cache. */
+int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct strata_gpu_ec_io *io,
+                      struct strata_err *err);
+
+/* The expert cache (statistics, tests). */
+struct strata_expert_cache *strata_gpu_ec_cache(struct strata_gpu_ec *gx);
+
+#endif
