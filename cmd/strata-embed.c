@@ -31,8 +31,9 @@ static const char usage_text[] =
     "      --pixel-values F   encode raw float32 patches from F (already preprocessed)\n"
     "      --grid HxW         the patch grid of --pixel-values\n"
     "  -t, --threads N        CPU threads (default: all)\n"
-    "      --backend B        cpu or auto (default auto: the CPU in this build)\n"
-    "      --device N         GPU ordinal (GPU builds)\n"
+    "      --backend B        cpu, auto, cuda or hip (default auto: the GPU of a GPU\n"
+    "                         build when a device is found, else the CPU)\n"
+    "      --device N         GPU ordinal (default 0)\n"
     "      --serve            run the loopback HTTP helper (GET /health, POST /embed)\n"
     "      --host ADDR        address to listen on (default 127.0.0.1)\n"
     "      --port N           port (default 8090; 0 picks a free one)\n"
@@ -115,7 +116,7 @@ int main(int argc, char **argv)
     };
     const char *model = NULL, *output = NULL, *pv_path = NULL, *backend = "auto";
     int json = 0, serve = 0, warmup = 0, grid_h = 0, grid_w = 0;
-    int64_t threads = 0, minp = 3136, maxp = 1003520, port = 8090, device = 0;
+    int64_t threads = 0, minp = 3136, maxp = 1003520, port = 8090, device = -1;
     const char *host = "127.0.0.1";
     int c;
     while ((c = getopt_long(argc, argv, "m:o:t:h", longopts, NULL)) != -1) {
@@ -174,16 +175,12 @@ int main(int argc, char **argv)
                 (long long)minp, (long long)maxp);
         return STRATA_EXIT_USAGE;
     }
-    if (strcmp(backend, "cpu") != 0 && strcmp(backend, "auto") != 0) {
-        if (strcmp(backend, "cuda") == 0 || strcmp(backend, "hip") == 0) {
-            fprintf(stderr, "strata-embed: the %s backend is not available to the vision "
-                            "encoder in this build; use --backend cpu\n", backend);
-            return STRATA_EXIT_GPU;
-        }
-        fprintf(stderr, "strata-embed: invalid --backend '%s' (cpu, auto)\n", backend);
+    if (strcmp(backend, "cpu") != 0 && strcmp(backend, "auto") != 0 &&
+        strcmp(backend, "cuda") != 0 && strcmp(backend, "hip") != 0) {
+        fprintf(stderr, "strata-embed: invalid --backend '%s' (cpu, auto, cuda, hip)\n",
+                backend);
         return STRATA_EXIT_USAGE;
     }
-    (void)device;
 
     struct strata_err err = {0};
     struct strata_gguf *g = NULL;
@@ -192,6 +189,7 @@ int main(int argc, char **argv)
     struct strata_image img = {0};
     float *pixels = NULL, *rows = NULL;
     FILE *out = NULL;
+    int exit_code = STRATA_EXIT_OK;
     int rc = strata_gguf_open(&g, model, &err);
     if (rc == 0)
         rc = strata_vision_load(&v, g, &err);
@@ -199,6 +197,13 @@ int main(int argc, char **argv)
         rc = strata_pool_create(&pool, (int)threads, &err);
     if (rc)
         goto out;
+    /* a backend that cannot run is a GPU failure (exit 4), whatever the cause */
+    if ((rc = strata_vision_set_backend(v, backend, (int)device, &err))) {
+        fprintf(stderr, "strata-embed: %s\n", err.msg);
+        exit_code = err.code == STRATA_E_NOMEM ? STRATA_EXIT_NOMEM : STRATA_EXIT_GPU;
+        rc = 0;
+        goto out;
+    }
 
     if (serve) {
         struct sigaction sa = {0};
@@ -260,6 +265,7 @@ int main(int argc, char **argv)
         cJSON_AddNumberToObject(j, "grid_h", h.grid_h);
         cJSON_AddNumberToObject(j, "grid_w", h.grid_w);
         cJSON_AddNumberToObject(j, "seconds", dt);
+        cJSON_AddStringToObject(j, "backend", strata_vision_backend(v));
         char *s = cJSON_PrintUnformatted(j);
         cJSON_Delete(j);
         if (s)
@@ -281,7 +287,8 @@ int main(int argc, char **argv)
     }
     rc = strata_embd_write(out ? out : stdout, &h, rows, &err);
     if (rc == 0)
-        strata_log_info("%s: %d tokens (grid %dx%d) in %.2f s", src, n_tok, tgh, tgw, dt);
+        strata_log_info("%s: %d tokens (grid %dx%d) in %.3f s on the %s", src, n_tok, tgh, tgw,
+                        dt, strata_vision_backend(v));
 out:
     if (out && fclose(out) != 0 && rc == 0)
         rc = strata_err_set(&err, STRATA_E_IO, "cannot write '%s'", output);
@@ -293,5 +300,5 @@ out:
     strata_pool_free(pool);
     strata_vision_free(v);
     strata_gguf_close(g);
-    return rc ? strata_err_exit_code(rc) : STRATA_EXIT_OK;
+    return rc ? strata_err_exit_code(rc) : exit_code;
 }

@@ -5,8 +5,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "matmul.h"
 #include "quant.h"
+
+#ifdef STRATA_WITH_GPU
+#include "../kernels/vision.h"
+#endif
 
 struct lin {
     struct strata_mat w; /* [out rows][in cols] */
@@ -26,6 +31,10 @@ struct strata_vision {
     struct vblock *blk;
     const float *post_w, *post_b;
     struct lin mm0, mm2;
+    const char *backend; /* "cpu", or the GPU runtime's name */
+#ifdef STRATA_WITH_GPU
+    struct strata_vision_gpu *gpu; /* non-NULL: encode on the GPU */
+#endif
 };
 
 /* ---- loading ---------------------------------------------------------- */
@@ -118,6 +127,7 @@ int strata_vision_load(struct strata_vision **out, const struct strata_gguf *g,
     if (!v)
         return strata_err_set(err, STRATA_E_NOMEM, "no memory for the vision encoder");
     struct strata_vision_hparams *hp = &v->hp;
+    v->backend = "cpu";
 
     if ((rc = strata_gguf_get_str(g, "clip.projector_type", &proj, err)) != 0)
         goto out;
@@ -263,6 +273,9 @@ void strata_vision_free(struct strata_vision *v)
 {
     if (!v)
         return;
+#ifdef STRATA_WITH_GPU
+    strata_vision_gpu_free(v->gpu);
+#endif
     free(v->patch_w);
     free(v->blk);
     free(v);
@@ -271,6 +284,103 @@ void strata_vision_free(struct strata_vision *v)
 const struct strata_vision_hparams *strata_vision_hparams(const struct strata_vision *v)
 {
     return &v->hp;
+}
+
+const char *strata_vision_backend(const struct strata_vision *v)
+{
+    return v->backend;
+}
+
+#ifdef STRATA_WITH_GPU
+static void gpu_linear(const struct lin *l, struct strata_vision_gpu_linear *d)
+{
+    d->type = l->w.type;
+    d->ne0 = l->w.ne0;
+    d->ne1 = l->w.ne1;
+    d->nb1 = l->w.nb1;
+    d->data = l->w.data;
+    d->bias = l->b;
+}
+
+/* Describe the loaded weights to the GPU encoder and upload them. */
+static int gpu_open(struct strata_vision *v, int device, struct strata_err *err)
+{
+    const struct strata_vision_hparams *hp = &v->hp;
+    struct strata_vision_gpu_block *blk = calloc((size_t)hp->n_layer, sizeof(*blk));
+    if (!blk)
+        return strata_err_set(err, STRATA_E_NOMEM, "no memory for the vision blocks");
+    for (int i = 0; i < hp->n_layer; i++) {
+        const struct vblock *b = &v->blk[i];
+        struct strata_vision_gpu_block *d = &blk[i];
+        d->ln1_w = b->ln1_w;
+        d->ln1_b = b->ln1_b;
+        d->ln2_w = b->ln2_w;
+        d->ln2_b = b->ln2_b;
+        gpu_linear(&b->q, &d->q);
+        gpu_linear(&b->k, &d->k);
+        gpu_linear(&b->v, &d->v);
+        gpu_linear(&b->o, &d->o);
+        gpu_linear(&b->gate, &d->gate);
+        gpu_linear(&b->up, &d->up);
+        gpu_linear(&b->down, &d->down);
+    }
+    struct strata_vision_gpu_model m = {
+        .n_embd = hp->n_embd, .n_ff = hp->n_ff, .n_head = hp->n_head, .n_layer = hp->n_layer,
+        .n_out = hp->n_out, .merge = hp->merge,
+        .kdim = 3 * hp->temporal * hp->patch_size * hp->patch_size, .eps = hp->eps,
+        .patch_w = v->patch_w, .patch_b = v->patch_b, .blk = blk,
+        .post_w = v->post_w, .post_b = v->post_b,
+    };
+    gpu_linear(&v->mm0, &m.mm0);
+    gpu_linear(&v->mm2, &m.mm2);
+    int rc = strata_vision_gpu_open(&v->gpu, &m, device, err);
+    free(blk);
+    if (rc == 0) {
+        v->backend = strata_vision_gpu_runtime();
+        strata_log_info("vision encoder on %s", strata_vision_gpu_describe(v->gpu));
+    }
+    return rc;
+}
+#endif
+
+int strata_vision_set_backend(struct strata_vision *v, const char *name, int device,
+                              struct strata_err *err)
+{
+#ifdef STRATA_WITH_GPU
+    strata_vision_gpu_free(v->gpu);
+    v->gpu = NULL;
+#endif
+    v->backend = "cpu";
+    if (!name || strcmp(name, "cpu") == 0)
+        return 0;
+#ifdef STRATA_WITH_GPU
+    const char *rt = strata_vision_gpu_runtime();
+    if (strcmp(name, "auto") == 0) {
+        if (strata_vision_gpu_n_devices() == 0) {
+            strata_log_info("backend auto: no %s device found, the vision encoder runs on "
+                            "the cpu", rt);
+            return 0;
+        }
+        return gpu_open(v, device, err);
+    }
+    if (strcmp(name, rt) == 0 || strcmp(name, "gpu") == 0)
+        return gpu_open(v, device, err);
+    if (strcmp(name, "cuda") == 0 || strcmp(name, "hip") == 0)
+        return strata_err_set(err, STRATA_E_UNSUPPORTED,
+                              "backend '%s' is not in this build (built for %s; build with "
+                              "'make %s')", name, rt, name);
+    return strata_err_set(err, STRATA_E_UNSUPPORTED, "unknown backend '%s' (cpu, auto, %s)",
+                          name, rt);
+#else
+    (void)device;
+    if (strcmp(name, "auto") == 0)
+        return 0;
+    if (strcmp(name, "cuda") == 0 || strcmp(name, "hip") == 0 || strcmp(name, "gpu") == 0)
+        return strata_err_set(err, STRATA_E_UNSUPPORTED,
+                              "backend '%s' is not in this build (built for the cpu only; "
+                              "build with 'make cuda' or 'make hip')", name);
+    return strata_err_set(err, STRATA_E_UNSUPPORTED, "unknown backend '%s' (cpu, auto)", name);
+#endif
 }
 
 /* ---- forward ---------------------------------------------------------- */
@@ -375,6 +485,44 @@ static void rope_2d(float *x, int N, int E, int n_head, const int *row, const in
         }
 }
 
+/* Whether block l attends to the whole image (qwen2.5vl: every n_wa_pattern-th
+ * block; qwen2vl: all). */
+static int block_full(const struct strata_vision_hparams *hp, int l)
+{
+    return hp->n_wa_pattern == 0 || (l + 1) % hp->n_wa_pattern == 0;
+}
+
+/* Positions and windows of the N = grid_h * grid_w patches in HF order: row[i],
+ * col[i]; order_win[] lists the patches window by window (windows of ws x ws merge
+ * blocks, row-major; HF order inside a window, which attention does not depend on),
+ * window w holding order_win[win_start[w] .. win_start[w + 1]).  Returns the number
+ * of windows. */
+static int patch_layout(const struct strata_vision_hparams *hp, int grid_h, int grid_w, int *row,
+                        int *col, int *order_win, int *win_start)
+{
+    int m = hp->merge, N = grid_h * grid_w;
+    /* patch i of the HF order sits in merge block i / m^2 */
+    int bw_n = grid_w / m;
+    for (int i = 0; i < N; i++) {
+        int blk = i / (m * m), in = i % (m * m);
+        row[i] = blk / bw_n * m + in / m;
+        col[i] = blk % bw_n * m + in % m;
+    }
+    int ws = hp->window_size / (hp->patch_size * m);
+    if (ws < 1)
+        ws = 1;
+    int n_wy = (grid_h / m + ws - 1) / ws, n_wx = (bw_n + ws - 1) / ws, n_win = 0, at = 0;
+    for (int wy = 0; wy < n_wy; wy++)
+        for (int wx = 0; wx < n_wx; wx++) {
+            win_start[n_win++] = at;
+            for (int i = 0; i < N; i++)
+                if (row[i] / m / ws == wy && col[i] / m / ws == wx)
+                    order_win[at++] = i;
+        }
+    win_start[n_win] = at;
+    return n_win;
+}
+
 int strata_vision_encode(struct strata_vision *v, struct strata_pool *pool, const float *pixel,
                          int grid_h, int grid_w, float **out, int *n_tokens,
                          struct strata_err *err)
@@ -390,44 +538,59 @@ int strata_vision_encode(struct strata_vision *v, struct strata_pool *pool, cons
     int N = grid_h * grid_w, E = hp->n_embd, F = hp->n_ff;
     int kdim = 3 * hp->temporal * hp->patch_size * hp->patch_size;
     int rc = 0;
-    float *x = malloc(sizeof(float) * N * E), *hbuf = malloc(sizeof(float) * N * E);
-    float *q = malloc(sizeof(float) * N * E), *k = malloc(sizeof(float) * N * E);
-    float *vv = malloc(sizeof(float) * N * E), *att = malloc(sizeof(float) * N * E);
-    float *f1 = malloc(sizeof(float) * (size_t)N * F), *f2 = malloc(sizeof(float) * (size_t)N * F);
+    float *x = NULL, *hbuf = NULL, *q = NULL, *k = NULL, *vv = NULL, *att = NULL, *f1 = NULL;
+    float *f2 = NULL, *scratch = NULL, *merged = NULL, *mid = NULL, *res = NULL;
+    int *order_full = NULL, win_start_full[2] = {0, N};
+    unsigned char *full = NULL;
     int *row = malloc(sizeof(int) * N), *col = malloc(sizeof(int) * N);
     int *order_win = malloc(sizeof(int) * N), *win_start_w = malloc(sizeof(int) * (N + 1));
-    int *order_full = malloc(sizeof(int) * N), win_start_full[2] = {0, N};
-    int n_threads = strata_pool_n_threads(pool);
-    float *scratch = malloc(sizeof(float) * (size_t)N * n_threads);
-    float *merged = NULL, *mid = NULL, *res = NULL;
-    if (!x || !hbuf || !q || !k || !vv || !att || !f1 || !f2 || !row || !col || !order_win ||
-        !win_start_w || !order_full || !scratch) {
+    if (!row || !col || !order_win || !win_start_w) {
         rc = strata_err_set(err, STRATA_E_NOMEM, "no memory to encode %d patches", N);
         goto out;
     }
+    int n_win = patch_layout(hp, grid_h, grid_w, row, col, order_win, win_start_w);
 
-    /* positions: patch i of the HF order sits in merge block i / m^2 */
-    int bw_n = grid_w / m;
-    for (int i = 0; i < N; i++) {
-        int blk = i / (m * m), in = i % (m * m);
-        row[i] = blk / bw_n * m + in / m;
-        col[i] = blk % bw_n * m + in % m;
-        order_full[i] = i;
-    }
-    /* windows of ws x ws merge blocks, row-major; patches keep HF order
-     * inside a window (attention does not depend on the order) */
-    int ws = hp->window_size / (hp->patch_size * m);
-    if (ws < 1)
-        ws = 1;
-    int n_wy = (grid_h / m + ws - 1) / ws, n_wx = (bw_n + ws - 1) / ws, n_win = 0, at = 0;
-    for (int wy = 0; wy < n_wy; wy++)
-        for (int wx = 0; wx < n_wx; wx++) {
-            win_start_w[n_win++] = at;
-            for (int i = 0; i < N; i++)
-                if (row[i] / m / ws == wy && col[i] / m / ws == wx)
-                    order_win[at++] = i;
+#ifdef STRATA_WITH_GPU
+    if (v->gpu) {
+        int T = N / (m * m);
+        full = malloc((size_t)hp->n_layer);
+        res = malloc(sizeof(float) * (size_t)T * hp->n_out);
+        if (!full || !res) {
+            rc = strata_err_set(err, STRATA_E_NOMEM, "no memory for %d image tokens", T);
+            goto out;
         }
-    win_start_w[n_win] = at;
+        for (int l = 0; l < hp->n_layer; l++)
+            full[l] = (unsigned char)block_full(hp, l);
+        struct strata_vision_gpu_layout lay = {
+            .n_patches = N, .n_win = n_win, .row = row, .col = col, .order = order_win,
+            .win_start = win_start_w, .full = full,
+        };
+        if ((rc = strata_vision_gpu_encode(v->gpu, pixel, &lay, res, err)))
+            goto out;
+        *out = res;
+        res = NULL;
+        *n_tokens = T;
+        goto out;
+    }
+#endif
+
+    x = malloc(sizeof(float) * N * E);
+    hbuf = malloc(sizeof(float) * N * E);
+    q = malloc(sizeof(float) * N * E);
+    k = malloc(sizeof(float) * N * E);
+    vv = malloc(sizeof(float) * N * E);
+    att = malloc(sizeof(float) * N * E);
+    f1 = malloc(sizeof(float) * (size_t)N * F);
+    f2 = malloc(sizeof(float) * (size_t)N * F);
+    order_full = malloc(sizeof(int) * N);
+    int n_threads = strata_pool_n_threads(pool);
+    scratch = malloc(sizeof(float) * (size_t)N * n_threads);
+    if (!x || !hbuf || !q || !k || !vv || !att || !f1 || !f2 || !order_full || !scratch) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "no memory to encode %d patches", N);
+        goto out;
+    }
+    for (int i = 0; i < N; i++)
+        order_full[i] = i;
 
     /* patch embedding */
     struct lin pe = {.w = {STRATA_TYPE_F32, kdim, E, sizeof(float) * kdim, v->patch_w},
@@ -444,12 +607,12 @@ int strata_vision_encode(struct strata_vision *v, struct strata_pool *pool, cons
             goto out;
         rope_2d(q, N, E, hp->n_head, row, col);
         rope_2d(k, N, E, hp->n_head, row, col);
-        int full = hp->n_wa_pattern == 0 || (l + 1) % hp->n_wa_pattern == 0;
+        int is_full = block_full(hp, l);
         struct attn_job job = {
             .q = q, .k = k, .v = vv, .out = att,
-            .order = full ? order_full : order_win,
-            .win_start = full ? win_start_full : win_start_w,
-            .n_win = full ? 1 : n_win,
+            .order = is_full ? order_full : order_win,
+            .win_start = is_full ? win_start_full : win_start_w,
+            .n_win = is_full ? 1 : n_win,
             .n_head = hp->n_head, .head_dim = E / hp->n_head, .E = E,
             .scratch = scratch, .N = N,
         };
@@ -517,6 +680,7 @@ out:
     free(scratch);
     free(mid);
     free(res);
+    free(full);
     return rc;
 }
 

@@ -1,5 +1,6 @@
 /* vision.h - the vision encoder of Qwen2-VL / Qwen2.5-VL projector GGUFs
- * (mmproj-*.gguf, general.architecture = clip), on the CPU.
+ * (mmproj-*.gguf, general.architecture = clip), on the CPU or, in a GPU build,
+ * on the device (strata_vision_set_backend; kernels/vision.cu).
  *
  * Model (Hugging Face Qwen2_5_VisionTransformerPretrainedModel and
  * Qwen2VisionTransformerPretrainedModel): a 3-D convolution patch embedding
@@ -64,12 +65,31 @@ int strata_vision_load(struct strata_vision **out, const struct strata_gguf *g,
 void strata_vision_free(struct strata_vision *v);
 const struct strata_vision_hparams *strata_vision_hparams(const struct strata_vision *v);
 
+/* Choose where strata_vision_encode runs:
+ *   "cpu"          the CPU (the default after strata_vision_load);
+ *   "auto"         the GPU when this build has one and its runtime sees a device
+ *                  (an info line says when it falls back to the CPU);
+ *   "cuda", "hip"  the GPU of a build for that runtime ("gpu": whichever it is).
+ * device: GPU ordinal after CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES masking, -1 = 0.
+ * A GPU backend uploads the weights once (kernels/vision.h); encoding then runs one
+ * image at a time on the device (callers serialise calls, as strata_embed_serve does).
+ * Errors: STRATA_E_UNSUPPORTED (a backend this build does not have, or an unknown
+ * name: the message names it and the build to use), STRATA_E_GPU (no device, runtime
+ * failure), STRATA_E_INVALID (device out of range), STRATA_E_NOMEM.  On error the
+ * encoder runs on the CPU. */
+int strata_vision_set_backend(struct strata_vision *v, const char *name, int device,
+                              struct strata_err *err);
+
+/* "cpu", "cuda" or "hip": where strata_vision_encode runs now. */
+const char *strata_vision_backend(const struct strata_vision *v);
+
 /* Encode patches (strata_image_patches output for this model's patch,
  * merge, temporal, mean and std): pixel [n_patches][3 * temporal * patch^2]
  * on a grid_h x grid_w patch grid (both multiples of merge).
  * *out: malloc'ed [n_tokens][n_out], n_tokens = n_patches / merge^2, owned
- * by the caller.  pool may be NULL.  Errors: STRATA_E_INVALID (grid),
- * STRATA_E_NOMEM. */
+ * by the caller.  pool may be NULL (it is not used on a GPU backend).
+ * Errors: STRATA_E_INVALID (grid), STRATA_E_NOMEM, STRATA_E_GPU (GPU backend:
+ * names the kernel, its shapes, the block and the device). */
 int strata_vision_encode(struct strata_vision *v, struct strata_pool *pool, const float *pixel,
                          int grid_h, int grid_w, float **out, int *n_tokens,
                          struct strata_err *err);

@@ -14,6 +14,23 @@ check "missing -m: named" grep -q 'missing -m MMPROJ' "$T/err"
 "$E" -m "$M" --max-pixels 10 --min-pixels 20 "$IMG" 2>"$T/err"; rc=$?
 check "min above max: exit 2" test $rc -eq 2
 
+# backends (the programs under test are a CPU build; the GPU path is tests/gpu/)
+"$E" -m "$M" --backend bogus "$IMG" >/dev/null 2>"$T/err"; rc=$?
+check "--backend bogus: exit 2" test $rc -eq 2
+check "--backend bogus: names the choices" \
+    grep -q "invalid --backend 'bogus' (cpu, auto, cuda, hip)" "$T/err"
+for b in cuda hip; do
+    "$E" -m "$M" --backend $b --json "$IMG" >"$T/out" 2>"$T/err"; rc=$?
+    check "--backend $b in a CPU build: exit 4" test $rc -eq 4
+    check "--backend $b in a CPU build: explained" \
+        grep -q "backend '$b' is not in this build (built for the cpu only" "$T/err"
+    check "--backend $b in a CPU build: nothing on stdout" test ! -s "$T/out"
+done
+"$E" -m "$M" --backend cpu --json --max-pixels 50000 "$IMG" >"$T/json" 2>/dev/null; rc=$?
+check "--backend cpu: exit 0, json names the backend" grep -q '"backend":"cpu"' "$T/json"
+"$E" -m "$M" --backend auto --device 3 --json --max-pixels 50000 "$IMG" >"$T/json" 2>/dev/null
+check "--backend auto without a GPU build: the cpu" grep -q '"backend":"cpu"' "$T/json"
+
 # the payload from the PNG: header fields and size
 "$E" -m "$M" --json --max-pixels 200704 "$IMG" >"$T/json" 2>/dev/null; rc=$?
 check "--json exit 0" test $rc -eq 0
