@@ -16,22 +16,21 @@
 #define ATT_THREADS (ATT_ROWS * 8)
 #define ATT_MIN_SPLIT_KEYS 128 /* fewer keys than this per split do not pay for a split */
 
-/* Split z covers kv positions [z * chunk, (z + 1) * chunk) (the last one: to the end),
- * with chunk fixed by the kv cache size and the split count, never by the batch: the
- * splits a query row uses, and so its sums, depend on its own position only, and a
- * verify window's rows are bitwise those of one-token decodes. */
-static __host__ __device__ __forceinline__ int split_chunk(int max_kv, int n_split)
+/* The split-K layout of a query row is a function of its own kv length kv_end (its
+ * position + 1), never of the batch it came in: the splits it uses, and split z covers
+ * kv positions [z * w, min(kv_end, (z + 1) * w)) with w = split_width.  A one-token
+ * decode and the same position inside a verify window so sum the same keys in the
+ * same tiles in the same order, bitwise. */
+static __device__ __forceinline__ int splits_used(int kv_end, int n_split)
 {
-    int c = (max_kv + n_split - 1) / n_split;
-    c = c < ATT_MIN_SPLIT_KEYS ? ATT_MIN_SPLIT_KEYS : c;
-    return (c + ATT_KEYS - 1) / ATT_KEYS * ATT_KEYS;
+    int s = (kv_end + ATT_MIN_SPLIT_KEYS - 1) / ATT_MIN_SPLIT_KEYS;
+    return s < 1 ? 1 : s > n_split ? n_split : s;
 }
 
-/* Splits that hold keys of kv positions 0 .. kv_end - 1. */
-static __device__ __forceinline__ int splits_used(int kv_end, int chunk, int n_split)
+/* Width of each split (a multiple of ATT_KEYS, so every split starts on a tile). */
+static __device__ __forceinline__ int split_width(int kv_end, int n_used)
 {
-    int s = (kv_end + chunk - 1) / chunk;
-    return s < 1 ? 1 : s > n_split ? n_split : s;
+    return ((kv_end + n_used - 1) / n_used + ATT_KEYS - 1) / ATT_KEYS * ATT_KEYS;
 }
 
 /* DPT = hd / 8: the output dimensions a thread owns (contiguous, so that value rows
@@ -52,13 +51,28 @@ attn_kernel(struct strata_k_attn_args a)
     const int row = row0 + r, valid = row < n_rows;
     const int t = valid ? row / n_gqa : 0, h = g * n_gqa + (valid ? row % n_gqa : 0);
     const int qpos = p0 + t;
-    const int chunk = split_chunk(a.max_kv, a.n_split);
-    if ((int)blockIdx.z >= splits_used(p0 + a.n_tok, chunk, a.n_split))
+    /* the last query uses the most splits */
+    if ((int)blockIdx.z >= splits_used(p0 + a.n_tok, a.n_split))
         return;
-    int t_last = (min(row0 + ATT_ROWS, n_rows) - 1) / n_gqa;
-    int kv_hi = p0 + t_last + 1;
-    int lo = blockIdx.z * chunk;
-    int hi = (int)blockIdx.z == a.n_split - 1 ? kv_hi : min(kv_hi, lo + chunk);
+    /* this row's keys in split z: [r_lo, r_hi) (empty when it uses fewer splits); the
+     * block walks the tiles of the union of its rows' ranges and masks the others */
+    const int r_used = splits_used(qpos + 1, a.n_split);
+    const int r_lo = blockIdx.z * split_width(qpos + 1, r_used);
+    const int r_hi = valid && (int)blockIdx.z < r_used
+                         ? min(qpos + 1, r_lo + split_width(qpos + 1, r_used))
+                         : r_lo;
+    __shared__ int blk_lo, blk_hi;
+    if (tid == 0) {
+        blk_lo = 0x7fffffff;
+        blk_hi = 0;
+    }
+    __syncthreads();
+    if (c8 == 0 && r_hi > r_lo) {
+        atomicMin(&blk_lo, r_lo);
+        atomicMax(&blk_hi, r_hi);
+    }
+    __syncthreads();
+    const int lo = blk_lo, hi = blk_hi;
     const int64_t kv_row = (int64_t)a.n_head_kv * hd;
 
     for (int i = tid; i < ATT_ROWS * (hd / 4); i += ATT_THREADS) {
@@ -112,7 +126,7 @@ attn_kernel(struct strata_k_attn_args a)
 #pragma unroll
         for (int jj = 0; jj < 4; jj++) {
             int kp = j0 + c8 + 8 * jj;
-            s[jj] = (valid && kp < hi && kp <= qpos) ? s[jj] : -INFINITY;
+            s[jj] = (kp >= r_lo && kp < r_hi) ? s[jj] : -INFINITY;
             mt = fmaxf(mt, s[jj]);
         }
         /* the 8 threads of a row are 8 aligned lanes of one warp/wavefront */
@@ -159,8 +173,7 @@ attn_kernel(struct strata_k_attn_args a)
         return;
     int64_t orow = (int64_t)t * a.n_head + h;
     const int d0 = c8 * DPT;
-    const int row_used = splits_used(qpos + 1, chunk, a.n_split);
-    if (row_used == 1) {
+    if (r_used == 1) {
         if (blockIdx.z != 0)
             return;
         float inv = l > 0.0f ? 1.0f / l : 0.0f;
@@ -169,8 +182,10 @@ attn_kernel(struct strata_k_attn_args a)
             a.out[orow * hd + d0 + jd] = o[jd] * inv;
         return;
     }
-    if ((int)blockIdx.z >= row_used)
-        return; /* no keys of this row here */
+    /* a split past the row's own is not merged; an empty one of its own is written
+     * (m = -inf: the merge skips it) */
+    if ((int)blockIdx.z >= r_used)
+        return;
     /* partial result of this split: [n_split][n_tok * n_head][hd + 2] */
     float *sp = a.scratch + ((int64_t)blockIdx.z * a.n_tok * a.n_head + orow) * (hd + 2);
 #pragma unroll
@@ -182,14 +197,13 @@ attn_kernel(struct strata_k_attn_args a)
     }
 }
 
-/* Merge the splits that hold keys of one output row (token orow / n_head), in split
- * order. */
+/* Merge the splits of one output row (token orow / n_head) in split order. */
 __global__ void attn_merge_kernel(const float *__restrict__ scratch, float *__restrict__ out,
                                   int n_rows, int hd, int n_split, const int32_t *pos0,
-                                  int n_head, int chunk)
+                                  int n_head)
 {
     int orow = blockIdx.x;
-    int n_used = splits_used(*pos0 + orow / n_head + 1, chunk, n_split);
+    int n_used = splits_used(*pos0 + orow / n_head + 1, n_split);
     if (n_used == 1)
         return; /* the attention kernel wrote the result */
     float mx = -INFINITY;
@@ -254,8 +268,7 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
         return rc;
     dim3 g2((unsigned)(a->n_tok * a->n_head)), b2(128);
     attn_merge_kernel<<<g2, b2, 0, ctx->stream>>>(a->scratch, a->out, a->n_tok * a->n_head,
-                                                  a->hd, a->n_split, a->pos0, a->n_head,
-                                                  split_chunk(a->max_kv, a->n_split));
+                                                  a->hd, a->n_split, a->pos0, a->n_head);
     return strata_k_check(ctx, "attn_merge_kernel", g2, b2, err, "rows=%d hd=%d n_split=%d",
                           a->n_tok * a->n_head, a->hd, a->n_split);
 }

@@ -144,9 +144,9 @@ int strata_k_qkv_post(struct strata_gpu_ctx *ctx, const struct strata_k_qkv_args
  * and kv head h / (n_head / n_head_kv).  q [n_tok, n_head, hd] (row stride q_stride
  * floats), out [n_tok, n_head, hd] contiguous.  The kv range is split into n_split
  * parts computed in parallel and merged (split-K, for decode); partial results go to
- * scratch (strata_k_attn_scratch_bytes).  The parts are fixed by max_kv and n_split,
- * so a query's result depends on its position, not on the other queries of the batch
- * (a verify window equals one-token calls bitwise).  max_kv bounds *pos0 + n_tok (the
+ * scratch (strata_k_attn_scratch_bytes).  A query's parts follow its own position, so
+ * its result does not depend on the other queries of the batch (a verify window equals
+ * one-token calls bitwise).  max_kv bounds *pos0 + n_tok (the
  * grid is sized from it, so a captured graph stays valid while the cache grows).
  * hd <= 128. */
 struct strata_k_attn_args {
