@@ -981,14 +981,26 @@ static int run_bench(struct opts *o, struct strata_engine *e)
 
 /* ---- mode: --serve-stdio (the engine protocol, lib/serve_stdio.h) ---- */
 
-static int run_serve_stdio(struct strata_engine *e, const struct strata_vocab *v)
+static int run_serve_stdio(const struct opts *o, struct strata_engine *e,
+                           const struct strata_vocab *v)
 {
     struct strata_err err = { 0 };
     struct strata_serve_stdio_opts so;
+    struct strata_engine *draft = NULL;
+    struct strata_spec *sp = NULL;
+    int ret = STRATA_EXIT_OK;
     strata_serve_stdio_opts_init(&so);
-    if (strata_serve_stdio(e, v, &so, &err))
-        return fail(&err);
-    return STRATA_EXIT_OK;
+    /* --spec T: every request decodes speculatively; done events carry the counters */
+    if (o->spec_n > 0 && spec_open(o, e, &draft, &sp, &err)) {
+        (void)strata_serve_stdio_error(1, err.code, err.msg, NULL); /* the server shows it */
+        ret = fail(&err);
+    }
+    so.spec = sp;
+    if (ret == STRATA_EXIT_OK && strata_serve_stdio(e, v, &so, &err))
+        ret = fail(&err);
+    strata_spec_free(sp);
+    strata_engine_close(draft);
+    return ret;
 }
 
 /* ---- start-up: the GPU kernel self-test (selftest.h) ---- */
@@ -1643,7 +1655,7 @@ int main(int argc, char **argv)
     if (o.token_embd)
         ret = run_token_embd(&o, e);
     else if (o.serve_stdio)
-        ret = run_serve_stdio(e, v);
+        ret = run_serve_stdio(&o, e, v);
     else if (o.bench)
         ret = run_bench(&o, e);
     else if (o.perplexity)

@@ -9,6 +9,7 @@
 #include "err.h"
 #include "log.h"
 #include "server.h"
+#include "spec.h"
 
 static const char usage_text[] =
     "usage: strata-serve -m MODEL [-m MODEL ...] [--host ADDR] [--port N]\n"
@@ -16,7 +17,8 @@ static const char usage_text[] =
     "                    [--prefill N] [--backend NAME] [--device N] [--no-selftest]\n"
     "                    [--chat-template FILE] [--watchdog SECS] [--load-timeout SECS]\n"
     "                    [--engine PROGRAM] [--engine-arg ARG ...] [-v] [-- ENGINE-ARGS]\n"
-    "                    [--mmproj FILE (after its -m)] [--allow-image-urls]\n";
+    "                    [--mmproj FILE (after its -m)] [--allow-image-urls]\n"
+    "                    [--spec T] [--spec-mode M] [--draft MODEL] [--spec-fixed]\n";
 
 static volatile sig_atomic_t stop_flag;
 
@@ -41,6 +43,9 @@ enum {
     OPT_MMPROJ,
     OPT_ALLOW_URLS,
     OPT_NO_SELFTEST,
+    OPT_SPEC,
+    OPT_SPEC_MODE,
+    OPT_SPEC_FIXED,
 };
 
 static int parse_int(const char *opt, const char *s, long lo, long hi, int *out)
@@ -77,6 +82,10 @@ int main(int argc, char **argv)
         {"backend", required_argument, NULL, OPT_PASS},
         {"device", required_argument, NULL, OPT_PASS},
         {"no-selftest", no_argument, NULL, OPT_NO_SELFTEST},
+        {"spec", required_argument, NULL, OPT_SPEC},
+        {"spec-mode", required_argument, NULL, OPT_SPEC_MODE},
+        {"draft", required_argument, NULL, OPT_PASS},
+        {"spec-fixed", no_argument, NULL, OPT_SPEC_FIXED},
         {"verbose", no_argument, NULL, 'v'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
@@ -162,6 +171,26 @@ int main(int argc, char **argv)
         }
         case OPT_NO_SELFTEST: /* the engines skip the GPU kernel self-test */
             eargs[o.n_engine_args++] = "--no-selftest";
+            break;
+        case OPT_SPEC: { /* speculative decoding in every engine (docs/speculative.md) */
+            int t;
+            if (parse_int("--spec", optarg, 0, STRATA_SPEC_MAX, &t))
+                goto usage;
+            eargs[o.n_engine_args++] = "--spec";
+            eargs[o.n_engine_args++] = optarg;
+            break;
+        }
+        case OPT_SPEC_MODE:
+            if (strata_spec_mode_parse(optarg) < 0) {
+                fprintf(stderr, "strata-serve: --spec-mode must be auto, ngram, draft or mtp, "
+                        "not '%s'\n", optarg);
+                goto usage;
+            }
+            eargs[o.n_engine_args++] = "--spec-mode";
+            eargs[o.n_engine_args++] = optarg;
+            break;
+        case OPT_SPEC_FIXED:
+            eargs[o.n_engine_args++] = "--spec-fixed";
             break;
         case OPT_PASS: {
             size_t n = strlen(longopts[idx].name) + 3;

@@ -14,6 +14,7 @@
 #include "gguf.h"
 #include "model.h"
 #include "proto.h"
+#include "spec.h"
 #include "splice.h"
 #include "vision.h"
 #include "vocab.h"
@@ -401,6 +402,25 @@ static int run_forced(struct loop *L, const char *id, const char *text, size_t l
     return rc;
 }
 
+/* The done event's "spec" member: what this request's verify windows did (the
+ * difference of the counters since st0). */
+static void add_spec(cJSON *ev, const struct strata_spec *sp, const struct strata_spec_stats *st0)
+{
+    struct strata_spec_stats st;
+    strata_spec_stats_get(sp, &st);
+    cJSON *x = cJSON_AddObjectToObject(ev, "spec");
+    if (!x)
+        return;
+    cJSON_AddNumberToObject(x, "n_max", strata_spec_n_max(sp));
+    cJSON_AddStringToObject(x, "draft", strata_spec_draft_name(sp));
+    cJSON_AddNumberToObject(x, "steps", (double)(st.n_steps - st0->n_steps));
+    cJSON_AddNumberToObject(x, "tokens", (double)(st.n_tokens - st0->n_tokens));
+    cJSON_AddNumberToObject(x, "drafted", (double)(st.n_drafted - st0->n_drafted));
+    cJSON_AddNumberToObject(x, "accepted", (double)(st.n_accepted - st0->n_accepted));
+    cJSON_AddNumberToObject(x, "draft_ms", st.t_draft_ms - st0->t_draft_ms);
+    cJSON_AddNumberToObject(x, "verify_ms", st.t_verify_ms - st0->t_verify_ms);
+}
+
 static int do_generate(struct loop *L, const cJSON *q, const char *id)
 {
     struct strata_err err = {0};
@@ -479,6 +499,12 @@ static int do_generate(struct loop *L, const cJSON *q, const char *id)
         rc = run_forced(L, id, forced, flen, n_ids, p.n_predict);
         goto out;
     }
+    /* the draft model has no image input: such a request decodes plainly */
+    struct strata_spec_stats st0;
+    if (L->o->spec && !(img_rows && !strcmp(strata_spec_draft_name(L->o->spec), "draft")))
+        p.spec = L->o->spec;
+    if (p.spec)
+        strata_spec_stats_get(p.spec, &st0);
     if (strata_generate(L->e, L->v, ids, n_ids, &p, on_token, L, &res, &err)) {
         rc = L->write_failed ? STRATA_E_IO : emit_error(L, id, err.code, err.msg);
         goto out;
@@ -494,6 +520,8 @@ static int do_generate(struct loop *L, const cJSON *q, const char *id)
     cJSON_AddNumberToObject(ev, "t_decode_ms", res.t_decode_ms);
     cJSON_AddNumberToObject(ev, "prefill_tps", res.prefill_tps);
     cJSON_AddNumberToObject(ev, "decode_tps", res.decode_tps);
+    if (p.spec)
+        add_spec(ev, p.spec, &st0);
     if (L->tail_len)
         add_text(ev, "tail", L->tail_text, L->tail_len);
     rc = emit(L, ev);

@@ -19,6 +19,7 @@
 #include "err.h"
 
 struct strata_engine;
+struct strata_spec;
 struct strata_vocab;
 
 struct strata_serve_stdio_opts {
@@ -26,6 +27,9 @@ struct strata_serve_stdio_opts {
     int out_fd;                /* events (normally 1; nothing else may write to it) */
     const char *model_name;    /* reported in ready; NULL = general.name or "model" */
     const char *chat_template; /* template text overriding tokenizer.chat_template, or NULL */
+    struct strata_spec *spec;  /* speculative decoding for every generate (spec.h; not
+                                  owned; a draft model sits out requests with images), or
+                                  NULL; its counters go into each done event */
 };
 
 /* in_fd 0, out_fd 1, no overrides. */

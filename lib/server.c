@@ -220,9 +220,12 @@ static char *metrics_text(struct srv *s)
     unsigned long prompt = s->n_prompt_tokens, cached = s->n_cached_tokens;
     unsigned long restarts = s->n_restarts, cancelled = s->n_cancelled;
     double secs = s->gen_seconds, last = s->last_tps;
+    unsigned long sp_steps = s->spec_steps, sp_tokens = s->spec_tokens;
+    unsigned long sp_drafted = s->spec_drafted, sp_accepted = s->spec_accepted;
+    double sp_ms = s->spec_ms;
     pthread_mutex_unlock(&s->stat_mu);
     int q = srv_queue_len(s);
-    size_t cap = 4096;
+    size_t cap = 8192;
     char *out = malloc(cap);
     if (!out)
         return NULL;
@@ -259,6 +262,30 @@ static char *metrics_text(struct srv *s)
              "strata_prompt_cache_hit_ratio %.4f\n",
              req, errs, gen, prompt, last, secs, q, restarts, cancelled,
              prompt ? (double)cached / (double)prompt : 0.0);
+    size_t len = strlen(out);
+    snprintf(out + len, cap - len,
+             "# HELP strata_spec_steps_total Speculative verify windows evaluated.\n"
+             "# TYPE strata_spec_steps_total counter\n"
+             "strata_spec_steps_total %lu\n"
+             "# HELP strata_spec_drafted_tokens_total Drafted tokens sent to verification.\n"
+             "# TYPE strata_spec_drafted_tokens_total counter\n"
+             "strata_spec_drafted_tokens_total %lu\n"
+             "# HELP strata_spec_accepted_tokens_total Drafted tokens accepted.\n"
+             "# TYPE strata_spec_accepted_tokens_total counter\n"
+             "strata_spec_accepted_tokens_total %lu\n"
+             "# HELP strata_spec_acceptance_ratio Accepted over drafted tokens.\n"
+             "# TYPE strata_spec_acceptance_ratio gauge\n"
+             "strata_spec_acceptance_ratio %.4f\n"
+             "# HELP strata_spec_tokens_per_step Tokens produced per verify window.\n"
+             "# TYPE strata_spec_tokens_per_step gauge\n"
+             "strata_spec_tokens_per_step %.4f\n"
+             "# HELP strata_spec_step_seconds Mean time of a verify window (draft and verify).\n"
+             "# TYPE strata_spec_step_seconds gauge\n"
+             "strata_spec_step_seconds %.6f\n",
+             sp_steps, sp_drafted, sp_accepted,
+             sp_drafted ? (double)sp_accepted / (double)sp_drafted : 0.0,
+             sp_steps ? (double)sp_tokens / (double)sp_steps : 0.0,
+             sp_steps ? sp_ms / 1000.0 / (double)sp_steps : 0.0);
     return out;
 }
 

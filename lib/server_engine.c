@@ -407,6 +407,14 @@ static void log_done(struct srv_model *m, struct srv_job *j, const cJSON *ev)
         s->last_tps = tps;
     if (j->cancel == SRV_CANCEL_CLIENT)
         s->n_cancelled++;
+    const cJSON *sp = cJSON_GetObjectItemCaseSensitive(ev, "spec");
+    if (cJSON_IsObject(sp)) {
+        s->spec_steps += (unsigned long)num_or(sp, "steps", 0);
+        s->spec_tokens += (unsigned long)num_or(sp, "tokens", 0);
+        s->spec_drafted += (unsigned long)num_or(sp, "drafted", 0);
+        s->spec_accepted += (unsigned long)num_or(sp, "accepted", 0);
+        s->spec_ms += num_or(sp, "draft_ms", 0) + num_or(sp, "verify_ms", 0);
+    }
     pthread_mutex_unlock(&s->stat_mu);
 }
 

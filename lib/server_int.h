@@ -129,6 +129,10 @@ struct srv {
     unsigned long n_requests, n_errors, n_gen_tokens, n_prompt_tokens, n_cached_tokens;
     unsigned long n_restarts, n_cancelled;
     double gen_seconds, last_tps;
+    /* speculative decoding (the done events' "spec" members): verify windows, tokens
+     * they produced, drafted and accepted tokens, milliseconds of drafting + verifying */
+    unsigned long spec_steps, spec_tokens, spec_drafted, spec_accepted;
+    double spec_ms;
 };
 
 double srv_now(void);
