@@ -66,6 +66,14 @@ struct gpu_state {
     struct dev_layer *layers;
     /* scratch for n_ub tokens */
     float *x, *xn, *q, *att, *router, *ew, *act, *eout, *logits, *attn_scratch;
+    /* 8-bit activations of mat-vec batches (strata_k_matvec_q8): the normed input, the
+     * attention output, the FFN activations; use_q8 = 0 (STRATA_NO_MVQ=1) keeps every
+     * mat-vec on float activations */
+    void *xq, *attq, *actq;
+    int use_q8;
+    /* [2 * MATVEC_MAX] counters of the last-block epilogues: the RMSNorm fused into a
+     * mat-vec, then the routing fused into the router */
+    int *norm_cnt;
     int32_t *ids, *pos0, *eids, *perm, *tiles, *n_tiles;
     int max_tiles;
     void **allocs;
@@ -480,6 +488,8 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         const char *ng = getenv("STRATA_NO_GRAPH");
         const char *pf = getenv("STRATA_GPU_PROFILE");
         s->prof = pf && *pf && strcmp(pf, "0") != 0;
+        const char *nq = getenv("STRATA_NO_MVQ");
+        s->use_q8 = !(nq && *nq && strcmp(nq, "0") != 0);
         s->use_graph = !s->ctx.sync_debug && !s->prof && !(ng && *ng && strcmp(ng, "0") != 0);
     }
     s->m = m;
@@ -582,6 +592,17 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
             (rc = dalloc(s, (void **)&s->eout, 4 * A * s->n_embd, "expert outputs", err)) ||
             (rc = dalloc(s, (void **)&s->logits, 4 * T * s->n_vocab, "logits", err)) ||
             (rc = dalloc(s, (void **)&s->attn_scratch, sb, "attention scratch", err)) ||
+            (rc = dalloc(s, (void **)&s->xq, MATVEC_MAX * strata_k_q8_row_bytes(s->n_embd),
+                         "8-bit activations", err)) ||
+            (rc = dalloc(s, (void **)&s->attq, MATVEC_MAX * strata_k_q8_row_bytes(s->n_q),
+                         "8-bit activations", err)) ||
+            (rc = dalloc(s, (void **)&s->actq,
+                         MATVEC_MAX * (A / T) * strata_k_q8_row_bytes((int64_t)ffmax),
+                         "8-bit activations", err)) ||
+            (rc = dalloc(s, (void **)&s->norm_cnt, 2 * sizeof(int) * MATVEC_MAX,
+                         "epilogue counters", err)) ||
+            (rc = gpu_call(s, cudaMemset(s->norm_cnt, 0, 2 * sizeof(int) * MATVEC_MAX),
+                           "cudaMemset (epilogue counters)", err)) ||
             (rc = dalloc(s, (void **)&s->ids, 4 * T, "token ids", err)) ||
             (rc = dalloc(s, (void **)&s->pos0, 4, "positions", err)))
             goto out;
@@ -754,6 +775,98 @@ static int down_exps(struct gpu_state *s, const struct strata_k_weight *w, const
     return strata_k_matvec(&s->ctx, &a, err);
 }
 
+/* 1 if a batch of n tokens multiplies w on 8-bit activations (strata_k_matvec_q8). */
+static int mvq_ok(const struct gpu_state *s, const struct strata_k_weight *w, int n)
+{
+    return s->use_q8 && n <= MATVEC_MAX && w->data && strata_k_matvec_q8_supported(w->type);
+}
+
+/* RMSNorm of n rows of x into s->xn, and into s->xq as 8-bit rows when q8 (for the
+ * mat-vec products that read them); the float rows are the same either way. */
+static int norm_rows(struct gpu_state *s, const float *x, const float *w, int n, int q8,
+                     struct strata_err *err)
+{
+    if (q8)
+        return strata_k_quantize_q8(&s->ctx, x, s->n_embd, s->n_embd, n, 1, w, s->eps, s->xn,
+                                    s->xq, err);
+    return strata_k_rms_norm(&s->ctx, x, w, s->xn, s->n_embd, n, s->eps, err);
+}
+
+/* proj on the normed rows: from s->xq when w takes 8-bit activations (and norm_rows
+ * wrote them), else from s->xn. */
+static int proj_n(struct gpu_state *s, const struct strata_k_weight *w, int n, float *y,
+                  int64_t y_stride, const float *add, struct strata_err *err)
+{
+    if (!mvq_ok(s, w, n))
+        return proj(s, w, s->xn, s->n_embd, n, y, y_stride, add, err);
+    struct strata_k_mvq_args a;
+    memset(&a, 0, sizeof(a));
+    a.w = w;
+    a.mode = STRATA_K_MVQ_PLAIN;
+    a.n_slot = n;
+    a.x_group = 1;
+    a.xq = s->xq;
+    a.y = y;
+    a.y_stride = y_stride;
+    a.add = add;
+    return strata_k_matvec_q8(&s->ctx, &a, err);
+}
+
+/* Fuse the RMSNorm (weight nw) of the rows a mat-vec adds into s->x: the last block of
+ * each token writes s->xn and s->xq, so that no norm launch follows. */
+static void fuse_norm(struct gpu_state *s, struct strata_k_mvq_args *a, const float *nw)
+{
+    a->nw = nw;
+    a->eps = s->eps;
+    a->ny = s->xn;
+    a->nyq = s->xq;
+    a->counter = s->norm_cnt;
+}
+
+/* The FFN of a mat-vec batch on 8-bit activations where its weights allow: gate and up
+ * (SwiGLU) from s->xq, written as 8-bit rows; then the down projection added to s->x,
+ * for routed experts (ids, weights in s->eids, s->ew) with the weighted sum of the k
+ * experts in the same launch, and with the next RMSNorm (weight next_nw) fused when
+ * fuse_next.  Returns 1 (nothing launched) when the weights do not take this path. */
+static int ffn_q8(struct gpu_state *s, const struct strata_k_weight *g,
+                  const struct strata_k_weight *u, const struct strata_k_weight *d, int n,
+                  int k, const int32_t *ids, int fuse_next, const float *next_nw, int *rc,
+                  struct strata_err *err)
+{
+    if (!mvq_ok(s, g, n) || !mvq_ok(s, d, n) || g->ne1 % 32 || g->ne1 != d->ne0)
+        return 1;
+    struct strata_k_mvq_args a;
+    memset(&a, 0, sizeof(a));
+    a.w = g;
+    a.up = u;
+    a.mode = STRATA_K_MVQ_GLU;
+    a.ids = ids;
+    a.n_slot = n * k;
+    a.x_group = k;
+    a.xq = s->xq;
+    a.yq = s->actq;
+    prof_mark(s, ids ? "moe_gate_up" : "ffn_gate_up");
+    if ((*rc = strata_k_matvec_q8(&s->ctx, &a, err)))
+        return 0;
+    memset(&a, 0, sizeof(a));
+    a.w = d;
+    a.mode = ids ? STRATA_K_MVQ_COMBINE : STRATA_K_MVQ_PLAIN;
+    a.ids = ids;
+    a.n_slot = n;
+    a.x_group = 1;
+    a.k = k;
+    a.cw = s->ew;
+    a.xq = s->actq;
+    a.y = s->x;
+    a.y_stride = s->n_embd;
+    a.add = s->x;
+    if (fuse_next)
+        fuse_norm(s, &a, next_nw);
+    prof_mark(s, ids ? "moe_down_combine" : "ffn_down");
+    *rc = strata_k_matvec_q8(&s->ctx, &a, err);
+    return 0;
+}
+
 /* Launch the whole forward pass of n tokens on the stream (no synchronisation): token
  * ids in s->ids (or embeddings already in s->x), the first position in s->pos0.
  * Logits of the last token (all = 0) or of every token (all = 1) go to s->logits;
@@ -761,7 +874,7 @@ static int down_exps(struct gpu_state *s, const struct strata_k_weight *w, const
 static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_logits, int all,
                           int max_kv, struct strata_err *err)
 {
-    int rc = 0;
+    int rc = 0, normed = 0; /* normed: s->xn, s->xq hold the next norm (fused) */
     const int E = s->n_embd;
 #define OP(name, call) (prof_mark(s, name), (rc = (call)))
     if (!have_embd && OP("get_rows", strata_k_get_rows(&s->ctx, &s->tok_embd, s->ids, n, s->x, err)))
@@ -773,15 +886,20 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
         /* q, k, v of token t: row t of [n, n_q + 2 n_kv] */
         const int qs = s->n_q + 2 * s->n_kv;
         float *q = s->q, *k = s->q + s->n_q, *v = k + s->n_kv;
-        if (OP("attn_norm", strata_k_rms_norm(&s->ctx, s->x, D->attn_norm, s->xn, E, n, s->eps, err)))
+        if (!normed && OP("attn_norm", norm_rows(s, s->x, D->attn_norm, n,
+                                                 mvq_ok(s, D->n_qkv ? &D->wqkv : &D->wq, n) ||
+                                                     mvq_ok(s, &D->wk, n) ||
+                                                     mvq_ok(s, &D->wv, n),
+                                                 err)))
             goto fail;
+        normed = 0;
         if (D->n_qkv) {
-            if (OP("attn_qkv", proj(s, &D->wqkv, s->xn, E, n, q, qs, NULL, err)))
+            if (OP("attn_qkv", proj_n(s, &D->wqkv, n, q, qs, NULL, err)))
                 goto fail;
-        } else if (OP("attn_q", proj(s, &D->wq, s->xn, E, n, q, qs, NULL, err)) ||
-                   OP("attn_k", proj(s, &D->wk, s->xn, E, n, k, qs, NULL, err)))
+        } else if (OP("attn_q", proj_n(s, &D->wq, n, q, qs, NULL, err)) ||
+                   OP("attn_k", proj_n(s, &D->wk, n, k, qs, NULL, err)))
             goto fail;
-        if (D->n_qkv < 3 && OP("attn_v", proj(s, &D->wv, s->xn, E, n, v, qs, NULL, err)))
+        if (D->n_qkv < 3 && OP("attn_v", proj_n(s, &D->wv, n, v, qs, NULL, err)))
             goto fail;
         memset(&qa, 0, sizeof(qa));
         qa.q = q;
@@ -818,14 +936,60 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
         aa.n_split = n <= MATVEC_MAX ? s->n_split : 1;
         aa.scale = 1.0f / sqrtf((float)s->hd);
         aa.scratch = s->attn_scratch;
-        if (OP("attention", strata_k_attention(&s->ctx, &aa, err)) ||
-            OP("attn_output", proj(s, &D->wo, s->att, s->n_q, n, s->x, E, s->x, err)) ||
-            OP("ffn_norm", strata_k_rms_norm(&s->ctx, s->x, D->ffn_norm, s->xn, E, n, s->eps, err)))
+        if (OP("attention", strata_k_attention(&s->ctx, &aa, err)))
             goto fail;
+        if (mvq_ok(s, &D->wo, n)) {
+            struct strata_k_mvq_args oa;
+            memset(&oa, 0, sizeof(oa));
+            oa.w = &D->wo;
+            oa.n_slot = n;
+            oa.x_group = 1;
+            oa.xq = s->attq;
+            oa.y = s->x;
+            oa.y_stride = E;
+            oa.add = s->x;
+            if (mvq_ok(s, D->is_moe ? &D->gate_exps : &D->gate, n) && E % 32 == 0) {
+                fuse_norm(s, &oa, D->ffn_norm);
+                normed = 1;
+            }
+            if (OP("attn_out_q8", strata_k_quantize_q8(&s->ctx, s->att, s->n_q, s->n_q, n, 0,
+                                                       NULL, 0.0f, NULL, s->attq, err)) ||
+                OP("attn_output", strata_k_matvec_q8(&s->ctx, &oa, err)))
+                goto fail;
+        } else if (OP("attn_output", proj(s, &D->wo, s->att, s->n_q, n, s->x, E, s->x, err)))
+            goto fail;
+        if (!normed && OP("ffn_norm", norm_rows(s, s->x, D->ffn_norm, n,
+                                                mvq_ok(s, D->is_moe ? &D->gate_exps : &D->gate,
+                                                       n),
+                                                err)))
+            goto fail;
+        normed = 0;
+        /* the next norm fused into the down projection: the next layer's attn_norm, or
+         * output_norm when every row goes to the output */
+        int fuse_next = 0;
+        const float *next_nw = NULL;
+        if (il + 1 < (int)s->m->hp.n_layer) {
+            const struct dev_layer *N = &s->layers[il + 1];
+            fuse_next = mvq_ok(s, N->n_qkv ? &N->wqkv : &N->wq, n);
+            next_nw = N->attn_norm;
+        } else if (want_logits && (all || n == 1)) {
+            fuse_next = mvq_ok(s, &s->output, n);
+            next_nw = s->output_norm;
+        }
+        fuse_next = fuse_next && E % 32 == 0;
         if (D->is_moe) {
             const struct strata_hparams *hp = &s->m->hp;
             int k = s->n_used, rows = n * k;
-            if (OP("moe_router", proj(s, &D->gate_inp, s->xn, E, n, s->router, s->n_expert, NULL, err)) ||
+            float wscale = hp->expert_weights_scale > 0 ? hp->expert_weights_scale : 1.0f;
+            if (s->use_q8 && n <= MATVEC_MAX && D->gate_inp.type == STRATA_TYPE_F32 &&
+                E % 4 == 0) {
+                if (OP("moe_router_topk",
+                       strata_k_moe_router_topk(&s->ctx, &D->gate_inp, s->xn, n, s->router,
+                                                s->norm_cnt + MATVEC_MAX, k,
+                                                hp->expert_weights_norm, wscale, s->eids, s->ew,
+                                                err)))
+                    goto fail;
+            } else if (OP("moe_router", proj(s, &D->gate_inp, s->xn, E, n, s->router, s->n_expert, NULL, err)) ||
                 OP("moe_route_topk", strata_k_moe_route(&s->ctx, s->router, n, s->n_expert, k,
                                          hp->expert_weights_norm,
                                          hp->expert_weights_scale > 0 ? hp->expert_weights_scale
@@ -843,10 +1007,20 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                     OP("moe_combine", strata_k_moe_combine(&s->ctx, s->eout, s->ew, n, k, E, s->x,
                                                            s->x, err)))
                     goto fail;
+            } else if (!ffn_q8(s, &D->gate_exps, &D->up_exps, &D->down_exps, n, k, s->eids,
+                               fuse_next, next_nw, &rc, err)) {
+                if (rc)
+                    goto fail;
+                normed = fuse_next;
             } else if (OP("moe_gate_up", glu(s, &D->gate_exps, &D->up_exps, s->xn, n, k, s->eids, s->act, err)) ||
                 OP("moe_down", down_exps(s, &D->down_exps, s->act, n, rows, s->eout, err)) ||
                 OP("moe_combine", strata_k_moe_combine(&s->ctx, s->eout, s->ew, n, k, E, s->x, s->x, err)))
                 goto fail;
+        } else if (!ffn_q8(s, &D->gate, &D->up, &D->down, n, 1, NULL, fuse_next, next_nw, &rc,
+                           err)) {
+            if (rc)
+                goto fail;
+            normed = fuse_next;
         } else {
             if (OP("ffn_gate_up", glu(s, &D->gate, &D->up, s->xn, n, 1, NULL, s->act, err)) ||
                 OP("ffn_down", proj(s, &D->down, s->act, s->n_ff, n, s->x, E, s->x, err)))
@@ -856,8 +1030,9 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
     if (want_logits) {
         int first = all ? 0 : n - 1, cnt = all ? n : 1;
         const float *xr = s->x + (int64_t)first * E;
-        if (OP("output_norm", strata_k_rms_norm(&s->ctx, xr, s->output_norm, s->xn, E, cnt, s->eps, err)) ||
-            OP("output", proj(s, &s->output, s->xn, E, cnt, s->logits, s->n_vocab, NULL, err)))
+        if ((!normed && OP("output_norm", norm_rows(s, xr, s->output_norm, cnt,
+                                                    mvq_ok(s, &s->output, cnt), err))) ||
+            OP("output", proj_n(s, &s->output, cnt, s->logits, s->n_vocab, NULL, err)))
             return strata_err_wrap(err, "output: ");
     }
     prof_mark(s, "end");

@@ -190,6 +190,27 @@ static __device__ __forceinline__ float strata_block_max(float v, float *scratch
     return s;
 }
 
+/* c + the sum of the products of the four signed bytes of a and b: NVIDIA's dp4a
+ * (sm_61+), AMD's v_dot4_i32_i8 where the target has it, else byte by byte. */
+static __device__ __forceinline__ int strata_dp4a(int a, int b, int c)
+{
+#if defined(STRATA_GPU_CUDA) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 610)
+    return __dp4a(a, b, c);
+#elif defined(__gfx906__) || defined(__gfx908__) || defined(__gfx90a__) || \
+    defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || \
+    defined(__gfx1030__) || defined(__gfx1031__) || defined(__gfx1032__) || \
+    defined(__gfx1034__) || defined(__gfx1035__) || defined(__gfx1036__)
+    return __builtin_amdgcn_sdot4(a, b, c, false);
+#elif defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || \
+    defined(__gfx1103__) || defined(__gfx1150__) || defined(__gfx1151__) || \
+    defined(__gfx1200__) || defined(__gfx1201__)
+    return __builtin_amdgcn_sudot4(true, a, true, b, c, false);
+#else
+    return c + (int)(int8_t)a * (int)(int8_t)b + (int)(int8_t)(a >> 8) * (int)(int8_t)(b >> 8) +
+           (int)(int8_t)(a >> 16) * (int)(int8_t)(b >> 16) + (a >> 24) * (b >> 24);
+#endif
+}
+
 static __device__ __forceinline__ float strata_h2f(uint16_t h)
 {
     __half_raw r;

@@ -87,6 +87,67 @@ struct strata_k_mv_args {
 int strata_k_matvec(struct strata_gpu_ctx *ctx, const struct strata_k_mv_args *a,
                     struct strata_err *err);
 
+/* ---- 8-bit activations for the decode mat-vec (llama.cpp's MMVQ idea) ----
+ *
+ * A q8 row of n values (n % 32 == 0) is n int8 quants followed by n / 32 float32
+ * scales, padded to 16 bytes (strata_k_q8_row_bytes); value i = d[i / 32] * q[i], with
+ * d = max |x| / 127 over the 32 values and q = round-to-nearest-even(x / d) (0 where
+ * d == 0).  Rows of a batch are strata_k_q8_row_bytes(n) apart. */
+size_t strata_k_q8_row_bytes(int64_t n);
+
+/* For n_rows rows of x (row stride x_stride floats): v = norm ? RMSNorm(x) * w : x
+ * (w [n] or NULL; the formula and summation order of strata_k_rms_norm, so v equals
+ * its output bitwise), written as float32 to y (row stride n; y may be NULL) and as q8
+ * rows to yq.  n % 32 == 0. */
+int strata_k_quantize_q8(struct strata_gpu_ctx *ctx, const float *x, int64_t x_stride, int n,
+                         int n_rows, int norm, const float *w, float eps, float *y, void *yq,
+                         struct strata_err *err);
+
+/* 1 if strata_k_matvec_q8 takes weights of this GGUF type (Q4_K, Q5_K, Q6_K, Q8_0). */
+int strata_k_matvec_q8_supported(uint32_t type);
+
+/* Mat-vec products of quantised weights with q8 activations: integer dot products of
+ * 32-value blocks (dp4a), scaled once per block.
+ *
+ * mode PLAIN, GLU: as strata_k_matvec, slot s (< n_slot) reading q8 row s / x_group of
+ * xq (rows of ne0 values) and expert ids[s] (ids NULL: matrix 0); y may be NULL in GLU
+ * mode when yq is set.  GLU only: yq (if not NULL) receives each slot's n_slot output
+ * rows as q8 rows of ne1 values (ne1 % 32 == 0), quantised as strata_k_quantize_q8 does.
+ * mode COMBINE (the routed experts' down projections and their weighted sum, one
+ * launch): for token t < n_slot, with slot s = t * k + j,
+ *   y[t * y_stride + r] = (add ? add[t * y_stride + r] : 0)
+ *                         + sum_j cw[s] * dot(W_ids[s] row r, q8 row s / x_group).
+ * add may equal y.  As with strata_k_matvec, the order of every sum depends only on
+ * ne0, ne1, k and the device, never on n_slot: a row of a windowed product is bitwise
+ * the one-token result.
+ * Fused RMSNorm (PLAIN, COMBINE; counter not NULL): once every row of token t is
+ * written, the last block to finish applies strata_k_quantize_q8 with norm and weight
+ * nw to y row t (ne1 values, ne1 % 32 == 0): float rows to ny (row stride ne1; may be
+ * NULL), q8 rows to nyq.  counter: n_slot ints of device memory, zero before the launch
+ * and zero again after it (so a captured graph can replay it).  This saves the launch
+ * of the norm that follows a residual add (the sum of squares runs over the block's
+ * threads, so the float rows may differ from strata_k_rms_norm's in the last bit). */
+enum { STRATA_K_MVQ_PLAIN = 0, STRATA_K_MVQ_GLU = 1, STRATA_K_MVQ_COMBINE = 2 };
+struct strata_k_mvq_args {
+    const struct strata_k_weight *w, *up;
+    int mode;
+    const int32_t *ids;
+    int n_slot, x_group, k;
+    const float *cw;
+    const void *xq;
+    float *y;
+    int64_t y_stride;
+    const float *add;
+    void *yq;
+    const float *nw;
+    float eps;
+    float *ny;
+    void *nyq;
+    int *counter;
+};
+int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_args *a,
+                       struct strata_err *err);
+
 /* Dequantise rows of w: dst[i * ne0 + k] = W row rows[i], value k, as float32
  * (rows: n_rows int32 device indices; NULL means rows 0..n_rows-1).  Used for the
  * token embedding lookup and by the tests. */
@@ -171,6 +232,16 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
 int strata_k_moe_route(struct strata_gpu_ctx *ctx, const float *logits, int n_tok,
                        int n_expert, int k, int norm, float scale, int32_t *ids, float *w,
                        struct strata_err *err);
+
+/* The router and strata_k_moe_route in one launch, for decode-sized batches: logits
+ * [n_tok, n_expert] = x [n_tok, n] (row stride n) times the F32 router rw [n_expert rows
+ * of n], then ids and w as strata_k_moe_route (same results for the same logits).
+ * counter: n_tok ints of device memory, zero before and after the launch.  n % 4 == 0,
+ * x 16-byte aligned. */
+int strata_k_moe_router_topk(struct strata_gpu_ctx *ctx, const struct strata_k_weight *rw,
+                             const float *x, int n_tok, float *logits, int *counter, int k,
+                             int norm, float scale, int32_t *ids, float *w,
+                             struct strata_err *err);
 
 /* out[t, :] = (add ? add[t, :] : 0) + sum_j w[t, j] * y[t * k + j, :], j in order.
  * y [n_tok * k, n], out/add [n_tok, n]; out may equal add. */

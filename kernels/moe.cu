@@ -7,23 +7,15 @@
 #define ROUTE_MAX_EXPERT 1024
 #define ROUTE_WARPS (STRATA_GPU_BLOCK / 32) /* the most warps a block can hold */
 
-/* One warp per token: the softmax and k rounds of a warp argmax, shuffles only. */
-__global__ void moe_route_kernel(const float *__restrict__ logits, int n_tok, int n_expert, int k,
-                                 int norm, float scale, int32_t *__restrict__ ids,
-                                 float *__restrict__ w)
+/* The routing of one token by one warp: p (shared memory) holds its n_expert logits;
+ * the softmax and k rounds of a warp argmax, shuffles only; ids [k] and w [k] out. */
+static __device__ void route_warp(float *p, int n_expert, int k, int norm, float scale,
+                                  int32_t *__restrict__ ids, float *__restrict__ w)
 {
-    __shared__ float pbuf[ROUTE_WARPS][ROUTE_MAX_EXPERT];
-    int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
-    int t = blockIdx.x * (blockDim.x / warpSize) + wid;
-    if (t >= n_tok)
-        return;
-    float *p = pbuf[wid];
-    const float *lr = logits + (int64_t)t * n_expert;
+    int lane = threadIdx.x % warpSize;
     float mx = -INFINITY;
-    for (int e = lane; e < n_expert; e += warpSize) {
-        p[e] = lr[e];
+    for (int e = lane; e < n_expert; e += warpSize)
         mx = fmaxf(mx, p[e]);
-    }
     mx = strata_warp_max(mx);
     float s = 0.0f;
     for (int e = lane; e < n_expert; e += warpSize) {
@@ -59,9 +51,95 @@ __global__ void moe_route_kernel(const float *__restrict__ logits, int n_tok, in
     }
     if (lane == 0)
         for (int j = 0; j < k && j < 32; j++) {
-            ids[(int64_t)t * k + j] = ij[j];
-            w[(int64_t)t * k + j] = (norm ? wj[j] / sel : wj[j]) * scale;
+            ids[j] = ij[j];
+            w[j] = (norm ? wj[j] / sel : wj[j]) * scale;
         }
+}
+
+/* One warp per token. */
+__global__ void moe_route_kernel(const float *__restrict__ logits, int n_tok, int n_expert, int k,
+                                 int norm, float scale, int32_t *__restrict__ ids,
+                                 float *__restrict__ w)
+{
+    __shared__ float pbuf[ROUTE_WARPS][ROUTE_MAX_EXPERT];
+    int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
+    int t = blockIdx.x * (blockDim.x / warpSize) + wid;
+    if (t >= n_tok)
+        return;
+    float *p = pbuf[wid];
+    const float *lr = logits + (int64_t)t * n_expert;
+    for (int e = lane; e < n_expert; e += warpSize)
+        p[e] = lr[e];
+    route_warp(p, n_expert, k, norm, scale, ids + (int64_t)t * k, w + (int64_t)t * k);
+}
+
+/* Router and routing in one launch (decode-sized batches): block (i, t) computes the
+ * logits of the experts its warps own (one row of the F32 router each, lane-strided
+ * float4 sums, then the warp tree: the order depends on n only); the last block done
+ * with token t routes it as moe_route_kernel does and resets the counter. */
+__global__ void moe_router_topk_kernel(const float *__restrict__ rw, const float *__restrict__ x,
+                                       int n, int n_expert, float *logits, int *counter, int k,
+                                       int norm, float scale, int32_t *__restrict__ ids,
+                                       float *__restrict__ w)
+{
+    __shared__ float p[ROUTE_MAX_EXPERT];
+    __shared__ int last;
+    const int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
+    const int t = blockIdx.y, e = blockIdx.x * (blockDim.x / warpSize) + wid;
+    if (e < n_expert) {
+        const float *wr = rw + (int64_t)e * n, *xr = x + (int64_t)t * n;
+        float s = 0.0f;
+#pragma unroll 4
+        for (int i = 4 * lane; i < n; i += 4 * warpSize) {
+            float4 a = *(const float4 *)(wr + i), b = *(const float4 *)(xr + i);
+            s = fmaf(a.x, b.x, s);
+            s = fmaf(a.y, b.y, s);
+            s = fmaf(a.z, b.z, s);
+            s = fmaf(a.w, b.w, s);
+        }
+        s = strata_warp_sum(s);
+        if (lane == 0)
+            logits[(int64_t)t * n_expert + e] = s;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last = atomicAdd(&counter[t], 1) == (int)gridDim.x - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    if (wid == 0) {
+        const volatile float *lr = logits + (int64_t)t * n_expert;
+        for (int i = lane; i < n_expert; i += warpSize)
+            p[i] = lr[i];
+        route_warp(p, n_expert, k, norm, scale, ids + (int64_t)t * k, w + (int64_t)t * k);
+    }
+    if (threadIdx.x == 0)
+        counter[t] = 0;
+}
+
+int strata_k_moe_router_topk(struct strata_gpu_ctx *ctx, const struct strata_k_weight *rw,
+                             const float *x, int n_tok, float *logits, int *counter, int k,
+                             int norm, float scale, int32_t *ids, float *w,
+                             struct strata_err *err)
+{
+    int n = (int)rw->ne0, n_expert = (int)rw->ne1;
+    if (rw->type != 0 /* F32 */ || rw->ne0 % 4 || rw->ne0 > INT32_MAX ||
+        rw->nb1 != 4 * (size_t)rw->ne0 || n_tok <= 0 || n_tok > 65535 || n_expert <= 0 ||
+        n_expert > ROUTE_MAX_EXPERT || k <= 0 || k > n_expert || k > 32 || !counter ||
+        ((uintptr_t)x & 15) || ((uintptr_t)rw->data & 15))
+        return strata_k_err(err, STRATA_E_INVALID,
+                            "moe_router_topk: bad shape type=%u n=%d n_expert=%d n_tok=%d k=%d "
+                            "(F32 router, n %% 4 == 0, n_expert <= %d, k <= 32)", rw->type, n,
+                            n_expert, n_tok, k, ROUTE_MAX_EXPERT);
+    int per = 128 / ctx->info.warp_size;
+    dim3 grid((unsigned)((n_expert + per - 1) / per), (unsigned)n_tok), block(128);
+    moe_router_topk_kernel<<<grid, block, 0, ctx->stream>>>((const float *)rw->data, x, n,
+                                                            n_expert, logits, counter, k, norm,
+                                                            scale, ids, w);
+    return strata_k_check(ctx, "moe_router_topk_kernel", grid, block, err,
+                          "n=%d n_expert=%d n_tok=%d k=%d", n, n_expert, n_tok, k);
 }
 
 int strata_k_moe_route(struct strata_gpu_ctx *ctx, const float *logits, int n_tok,

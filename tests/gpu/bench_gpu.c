@@ -2,7 +2,7 @@
  * (lib/synth.h), as llama-bench measures them: pp = one prompt of P tokens from an
  * empty kv cache, tg = T single-token decode steps from an empty kv cache.
  *
- *   bench_gpu [--shape S] [--layers N] [--ftype F] [--pp P] [--tg T] [--reps R]
+ *   bench_gpu [--shape S] [--layers N] [--ftype F] [--pp P] [--tg T] [--reps R] [--ab VAR]
  *
  * Prints tokens/s (median of R runs) next to the bandwidth floor of decoding: the
  * bytes of weights one token reads (strata_model_active_bytes) over the device's
@@ -32,44 +32,25 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-int main(int argc, char **argv)
+/* Open an engine on g, measure pp and tg (median of reps after a warm-up run), print
+ * the figures (label: a variant's name, or ""), close it.  Returns 0 or 1. */
+static int bench_one(struct strata_gguf *g, int pp, int tg, int reps, const char *label)
 {
-    const char *shape = "qwen3-30b-a3b", *ftype = "Q4_K_M";
-    int layers = 12, pp = 512, tg = 128, reps = 3;
-    for (int i = 1; i < argc; i++) {
-        if (i + 1 < argc && !strcmp(argv[i], "--shape")) shape = argv[++i];
-        else if (i + 1 < argc && !strcmp(argv[i], "--layers")) layers = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--ftype")) ftype = argv[++i];
-        else if (i + 1 < argc && !strcmp(argv[i], "--pp")) pp = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--tg")) tg = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
-    }
     struct strata_err err = {0, ""};
-    struct strata_synth_opts so = {shape, layers, ftype, 42};
-    void *buf = NULL;
-    size_t size = 0;
-    struct strata_gguf *g = NULL;
     struct strata_engine *e = NULL;
-    double t0 = now();
-    int rc = strata_synth_build(&so, &buf, &size, &err);
-    if (!rc)
-        rc = strata_gguf_open_mem(&g, buf, size, shape, &err);
-    printf("synthetic %s, %d layers, %s: %.2f GB built in %.1f s\n", shape, layers, ftype,
-           size / 1e9, now() - t0);
     struct strata_engine_opts o;
     strata_engine_opts_init(&o);
     o.backend = getenv("STRATA_BACKEND") ? getenv("STRATA_BACKEND") : "cuda";
     o.n_ctx = pp + tg + 16;
     o.n_prefill = pp;
     o.n_threads = 2;
-    t0 = now();
-    if (!rc)
-        rc = strata_engine_open_gguf(&e, g, &o, &err);
+    double t0 = now();
+    int rc = strata_engine_open_gguf(&e, g, &o, &err);
     if (rc) {
         fprintf(stderr, "bench_gpu: %s\n", err.msg);
         return 1;
     }
-    printf("engine open (upload) %.1f s\n", now() - t0);
+    printf("%sengine open (upload) %.1f s\n", label, now() - t0);
     const struct strata_model *m = strata_engine_model(e);
     int nv = strata_engine_n_vocab(e);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(pp + tg));
@@ -92,24 +73,67 @@ int main(int argc, char **argv)
     }
     if (rc) {
         fprintf(stderr, "bench_gpu: %s\n", err.msg);
-        return 1;
+    } else {
+        qsort(tp + 1, (size_t)reps, sizeof(double), cmp_d);
+        qsort(tt + 1, (size_t)reps, sizeof(double), cmp_d);
+        double pp_s = tp[1 + reps / 2], tg_s = tt[1 + reps / 2];
+        double bw = strata_gpu_bench_copy_bw();
+        uint64_t act = strata_model_active_bytes(m), tot = strata_model_total_bytes(m);
+        printf("%sweights %.2f GB, active per token %.1f MB; device copy bandwidth %.2f TB/s\n",
+               label, tot / 1e9, act / 1e6, bw / 1e12);
+        printf("%spp%d: %.0f tok/s (%.2f ms)\n", label, pp, pp / pp_s, pp_s * 1e3);
+        printf("%stg%d: %.0f tok/s (%.3f ms/token); floor %.3f ms/token = %.0f tok/s\n", label,
+               tg, tg / tg_s, tg_s / tg * 1e3, act / bw * 1e3, bw / act);
     }
-    qsort(tp + 1, (size_t)reps, sizeof(double), cmp_d);
-    qsort(tt + 1, (size_t)reps, sizeof(double), cmp_d);
-    double pp_s = tp[1 + reps / 2], tg_s = tt[1 + reps / 2];
-    double bw = strata_gpu_bench_copy_bw();
-    uint64_t act = strata_model_active_bytes(m), tot = strata_model_total_bytes(m);
-    printf("weights %.2f GB, active per token %.1f MB; device copy bandwidth %.2f TB/s\n",
-           tot / 1e9, act / 1e6, bw / 1e12);
-    printf("pp%d: %.0f tok/s (%.2f ms)\n", pp, pp / pp_s, pp_s * 1e3);
-    printf("tg%d: %.0f tok/s (%.3f ms/token); floor %.3f ms/token = %.0f tok/s\n", tg, tg / tg_s,
-           tg_s / tg * 1e3, act / bw * 1e3, bw / act);
     free(ids);
     free(logits);
     free(tp);
     free(tt);
     strata_engine_close(e);
+    return rc ? 1 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *shape = "qwen3-30b-a3b", *ftype = "Q4_K_M";
+    int layers = 12, pp = 512, tg = 128, reps = 3;
+    const char *ab = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (i + 1 < argc && !strcmp(argv[i], "--shape")) shape = argv[++i];
+        else if (i + 1 < argc && !strcmp(argv[i], "--layers")) layers = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--ftype")) ftype = argv[++i];
+        else if (i + 1 < argc && !strcmp(argv[i], "--pp")) pp = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--tg")) tg = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--ab")) ab = argv[++i];
+    }
+    struct strata_err err = {0, ""};
+    struct strata_synth_opts so = {shape, layers, ftype, 42};
+    void *buf = NULL;
+    size_t size = 0;
+    struct strata_gguf *g = NULL;
+    double t0 = now();
+    int rc = strata_synth_build(&so, &buf, &size, &err);
+    if (!rc)
+        rc = strata_gguf_open_mem(&g, buf, size, shape, &err);
+    printf("synthetic %s, %d layers, %s: %.2f GB built in %.1f s\n", shape, layers, ftype,
+           size / 1e9, now() - t0);
+    if (rc) {
+        fprintf(stderr, "bench_gpu: %s\n", err.msg);
+        return 1;
+    }
+    /* --ab VAR: the same measurement with VAR=1 in the environment first (e.g.
+     * STRATA_NO_MVQ: float-activation mat-vec), then as the environment is */
+    if (ab) {
+        char label[128];
+        snprintf(label, sizeof label, "[%s=1] ", ab);
+        setenv(ab, "1", 1);
+        rc = bench_one(g, pp, tg, reps, label);
+        unsetenv(ab);
+    }
+    if (!rc)
+        rc = bench_one(g, pp, tg, reps, "");
     strata_gguf_close(g);
     free(buf);
-    return 0;
+    return rc;
 }

@@ -206,6 +206,446 @@ static void test_errors(void)
 
 
 
+/* ---- 8-bit activations (strata_k_quantize_q8, strata_k_matvec_q8) ---- */
+
+/* The q8 rows yq of n_rows rows of n floats v follow the definition: per 32 values
+ * d = max |v| / 127 and q = round-to-nearest-even(v / d), bit for bit.  Returns the
+ * first mismatching value index, or -1. */
+static long q8_mismatch(const float *v, const uint8_t *yq, int n, int n_rows)
+{
+    size_t rb = strata_k_q8_row_bytes(n);
+    for (int r = 0; r < n_rows; r++) {
+        const int8_t *q = (const int8_t *)(yq + r * rb);
+        const float *d = (const float *)(yq + r * rb + n);
+        for (int b = 0; b < n / 32; b++) {
+            const float *vb = v + (size_t)r * n + 32 * b;
+            float amax = 0.0f;
+            for (int i = 0; i < 32; i++)
+                amax = fmaxf(amax, fabsf(vb[i]));
+            float db = amax / 127.0f;
+            if (memcmp(&db, &d[b], sizeof db) != 0)
+                return (long)r * n + 32 * b;
+            for (int i = 0; i < 32; i++)
+                if (q[32 * b + i] != (db > 0.0f ? (int)nearbyintf(vb[i] / db) : 0))
+                    return (long)r * n + 32 * b + i;
+        }
+    }
+    return -1;
+}
+
+/* Dequantise q8 rows to floats (what the 8-bit mat-vec multiplies). */
+static void q8_dequant(const uint8_t *yq, int n, int n_rows, float *out)
+{
+    size_t rb = strata_k_q8_row_bytes(n);
+    for (int r = 0; r < n_rows; r++)
+        for (int i = 0; i < n; i++)
+            out[(size_t)r * n + i] = ((const float *)(yq + r * rb + n))[i / 32] *
+                                     (float)((const int8_t *)(yq + r * rb))[i];
+}
+
+static void test_quantize_q8(int n, int n_rows, int norm, int with_w)
+{
+    struct strata_err err = {0, ""};
+    size_t rb = strata_k_q8_row_bytes(n);
+    float *x = (float *)malloc(sizeof(float) * n * n_rows), *w = (float *)malloc(sizeof(float) * n);
+    float *ref = (float *)malloc(sizeof(float) * n * n_rows), *got = (float *)malloc(sizeof(float) * n * n_rows);
+    uint8_t *q = (uint8_t *)malloc(rb * n_rows);
+    kt_fill(x, (size_t)n * n_rows, 3.0f);
+    kt_fill(w, n, 1.0f);
+    x[5] = 0.0f; /* a zero value among non-zero ones */
+    for (int r = 0; r < n_rows; r++) {
+        double s = 0;
+        for (int i = 0; i < n; i++)
+            s += (double)x[r * n + i] * x[r * n + i];
+        double sc = norm ? 1.0 / sqrt(s / n + 1e-6) : 1.0;
+        for (int i = 0; i < n; i++)
+            ref[r * n + i] = (float)(x[r * n + i] * sc * (norm && with_w ? w[i] : 1.0f));
+    }
+    float *dx = (float *)kt_up(x, sizeof(float) * n * n_rows), *dw = (float *)kt_up(w, sizeof(float) * n);
+    float *dy = (float *)kt_dev(sizeof(float) * n * n_rows);
+    void *dq = kt_dev(rb * n_rows);
+    kt_poison(dy, sizeof(float) * n * n_rows);
+    kt_poison(dq, rb * n_rows);
+    int rc = strata_k_quantize_q8(&ctx, dx, n, n, n_rows, norm, with_w ? dw : NULL, 1e-6f, dy, dq,
+                                  &err);
+    KT_CUDA(cudaDeviceSynchronize());
+    kt_down(got, dy, sizeof(float) * n * n_rows);
+    kt_down(q, dq, rb * n_rows);
+    size_t worst;
+    double e = rc ? INFINITY : kt_err(got, ref, (size_t)n * n_rows, 1e-6, 1e-5, &worst);
+    long bad = rc ? 0 : q8_mismatch(got, q, n, n_rows);
+    ok(e <= 1 && bad < 0, "quantize_q8 n=%d rows=%d norm=%d w=%d: float err %.3g, q8 %s %s", n,
+       n_rows, norm, with_w, e, bad < 0 ? "exact" : "differs", rc ? err.msg : "");
+    if (!rc && bad >= 0)
+        diag("  q8 differs at value %ld", bad);
+    cudaFree(dx); cudaFree(dw); cudaFree(dy); cudaFree(dq);
+    free(x); free(w); free(ref); free(got); free(q);
+}
+
+/* The 8-bit mat-vec against double sums over the decoded weights and the dequantised
+ * q8 activations the GPU made.  mode PLAIN/GLU: n_slot slots over n_exp experts,
+ * x_group slots per input row; COMBINE: n_slot tokens of k experts each.  q8_out: GLU
+ * output also as q8 rows, checked against the float outputs. */
+static void test_matvec_q8(uint32_t type, int64_t ne0, int64_t ne1, int n_exp, int n_slot,
+                           int x_group, int k, int mode, int with_add, int q8_out, int fuse = 0)
+{
+    struct strata_err err = {0, ""};
+    size_t rb;
+    int glu = mode == STRATA_K_MVQ_GLU, comb = mode == STRATA_K_MVQ_COMBINE;
+    int64_t nrow = ne1 * n_exp;
+    uint8_t *w = kt_random_rows(type, ne0, nrow, &rb);
+    uint8_t *u = glu ? kt_random_rows(type, ne0, nrow, &rb) : NULL;
+    float *wf = (float *)malloc(sizeof(float) * ne0 * nrow);
+    float *uf = glu ? (float *)malloc(sizeof(float) * ne0 * nrow) : NULL;
+    int rc = strata_quant_dequant_ref(type, w, wf, ne0 * nrow, &err);
+    if (!rc && glu)
+        rc = strata_quant_dequant_ref(type, u, uf, ne0 * nrow, &err);
+    int n_sl = comb ? n_slot * k : n_slot; /* expert slots */
+    int n_x = comb ? n_sl : (n_slot + x_group - 1) / x_group;
+    size_t xrb = strata_k_q8_row_bytes(ne0), yrb = strata_k_q8_row_bytes(ne1);
+    float *x = (float *)malloc(sizeof(float) * ne0 * n_x), *xf = (float *)malloc(sizeof(float) * ne0 * n_x);
+    uint8_t *xq = (uint8_t *)malloc(xrb * n_x);
+    kt_fill(x, ne0 * n_x, 1.0f);
+    int32_t *ids = (int32_t *)malloc(sizeof(int32_t) * n_sl);
+    float *cw = (float *)malloc(sizeof(float) * n_sl);
+    for (int i = 0; i < n_sl; i++)
+        ids[i] = (int32_t)(kt_u32() % n_exp);
+    kt_fill(cw, n_sl, 1.0f);
+    float *add = (float *)malloc(sizeof(float) * ne1 * n_slot);
+    kt_fill(add, ne1 * n_slot, 1.0f);
+    float *ref = (float *)malloc(sizeof(float) * ne1 * n_slot);
+    float *got = (float *)malloc(sizeof(float) * ne1 * n_slot);
+    uint8_t *gq = (uint8_t *)malloc(yrb * n_slot);
+    float *dx = (float *)kt_up(x, sizeof(float) * ne0 * n_x);
+    void *dxq = kt_dev(xrb * n_x);
+    if (!rc)
+        rc = strata_k_quantize_q8(&ctx, dx, ne0, (int)ne0, n_x, 0, NULL, 0.0f, NULL, dxq, &err);
+    KT_CUDA(cudaDeviceSynchronize());
+    kt_down(xq, dxq, xrb * n_x);
+    q8_dequant(xq, (int)ne0, n_x, xf);
+    double max_mag = 0;
+    for (int t = 0; t < n_slot; t++)
+        for (int64_t r = 0; r < ne1; r++) {
+            double a = 0, b = 0, mag = 0, v = 0;
+            for (int j = 0; j < (comb ? k : 1); j++) {
+                int sl = comb ? t * k + j : t;
+                const float *xs = xf + (size_t)(comb ? sl : sl / x_group) * ne0;
+                const float *wr = wf + ((int64_t)ids[sl] * ne1 + r) * ne0;
+                double aj = 0, mj = 0;
+                for (int64_t i = 0; i < ne0; i++) {
+                    aj += (double)wr[i] * xs[i];
+                    mj += fabs((double)wr[i] * xs[i]);
+                    if (glu)
+                        b += (double)uf[((int64_t)ids[sl] * ne1 + r) * ne0 + i] * xs[i];
+                }
+                a += comb ? cw[sl] * aj : aj;
+                mag += comb ? fabs(cw[sl]) * mj : mj;
+            }
+            v = glu ? a / (1 + exp(-a)) * b : a + (with_add ? add[t * ne1 + r] : 0);
+            ref[t * ne1 + r] = (float)v;
+            max_mag = fmax(max_mag, mag);
+        }
+    void *dw = kt_up(w, rb * nrow), *du = glu ? kt_up(u, rb * nrow) : NULL;
+    int32_t *dids = (int32_t *)kt_up(ids, sizeof(int32_t) * n_sl);
+    float *dcw = (float *)kt_up(cw, sizeof(float) * n_sl);
+    float *dy = (float *)kt_dev(sizeof(float) * ne1 * n_slot);
+    void *dyq = kt_dev(yrb * n_slot);
+    if (with_add)
+        KT_CUDA(cudaMemcpy(dy, add, sizeof(float) * ne1 * n_slot, cudaMemcpyHostToDevice));
+    else
+        kt_poison(dy, sizeof(float) * ne1 * n_slot);
+    kt_poison(dyq, yrb * n_slot);
+    struct strata_k_weight kw = {type, ne0, ne1, rb, rb * ne1, dw};
+    struct strata_k_weight ku = {type, ne0, ne1, rb, rb * ne1, du};
+    struct strata_k_mvq_args a;
+    memset(&a, 0, sizeof(a));
+    a.w = &kw;
+    a.up = glu ? &ku : NULL;
+    a.mode = mode;
+    a.ids = n_exp > 1 || comb ? dids : NULL;
+    if (!a.ids)
+        for (int i = 0; i < n_sl; i++)
+            ids[i] = 0;
+    a.n_slot = n_slot;
+    a.x_group = comb ? 1 : x_group;
+    a.k = k;
+    a.cw = dcw;
+    a.xq = dxq;
+    a.y = dy;
+    a.y_stride = ne1;
+    a.add = with_add ? dy : NULL;
+    a.yq = q8_out ? dyq : NULL;
+    /* fused RMSNorm of the outputs (PLAIN, COMBINE): launched twice, so that the second
+     * launch proves the counters were reset */
+    float *nw = (float *)malloc(sizeof(float) * ne1), *dnw = NULL, *dny = NULL;
+    int *dcnt = NULL;
+    void *dnyq = NULL;
+    if (fuse) {
+        kt_fill(nw, ne1, 1.0f);
+        dnw = (float *)kt_up(nw, sizeof(float) * ne1);
+        dny = (float *)kt_dev(sizeof(float) * ne1 * n_slot);
+        dnyq = kt_dev(yrb * n_slot);
+        dcnt = (int *)kt_dev(sizeof(int) * n_slot);
+        KT_CUDA(cudaMemset(dcnt, 0, sizeof(int) * n_slot));
+        kt_poison(dny, sizeof(float) * ne1 * n_slot);
+        kt_poison(dnyq, yrb * n_slot);
+        a.nw = dnw;
+        a.eps = 1e-6f;
+        a.ny = dny;
+        a.nyq = dnyq;
+        a.counter = dcnt;
+        if (with_add) /* the second launch adds again: start from add - add */
+            KT_CUDA(cudaMemset(dy, 0, sizeof(float) * ne1 * n_slot));
+        if (!rc)
+            rc = strata_k_matvec_q8(&ctx, &a, &err);
+        if (with_add)
+            KT_CUDA(cudaMemcpy(dy, add, sizeof(float) * ne1 * n_slot, cudaMemcpyHostToDevice));
+        kt_poison(dny, sizeof(float) * ne1 * n_slot);
+        kt_poison(dnyq, yrb * n_slot);
+    }
+    if (!rc)
+        rc = strata_k_matvec_q8(&ctx, &a, &err);
+    KT_CUDA(cudaDeviceSynchronize());
+    kt_down(got, dy, sizeof(float) * ne1 * n_slot);
+    kt_down(gq, dyq, yrb * n_slot);
+    if (fuse && !rc) {
+        float *gn = (float *)malloc(sizeof(float) * ne1 * n_slot), *rn = (float *)malloc(sizeof(float) * ne1 * n_slot);
+        uint8_t *gnq = (uint8_t *)malloc(yrb * n_slot);
+        int cnt[64];
+        kt_down(gn, dny, sizeof(float) * ne1 * n_slot);
+        kt_down(gnq, dnyq, yrb * n_slot);
+        kt_down(cnt, dcnt, sizeof(int) * n_slot);
+        for (int t = 0; t < n_slot; t++) {
+            double ss = 0;
+            for (int64_t r = 0; r < ne1; r++)
+                ss += (double)got[t * ne1 + r] * got[t * ne1 + r];
+            double sc = 1.0 / sqrt(ss / ne1 + 1e-6);
+            for (int64_t r = 0; r < ne1; r++)
+                rn[t * ne1 + r] = (float)(got[t * ne1 + r] * sc * nw[r]);
+        }
+        size_t wn;
+        double en = kt_err(gn, rn, ne1 * n_slot, 1e-6, 1e-5, &wn);
+        long badn = q8_mismatch(gn, gnq, (int)ne1, n_slot);
+        int zero = 1;
+        for (int t = 0; t < n_slot; t++)
+            zero &= cnt[t] == 0;
+        ok(en <= 1 && badn < 0 && zero,
+           "matvec_q8 mode %d %s fused rms_norm of %d rows: err %.3g, q8 %s, counters %s", mode,
+           strata_ggml_type_name(type), n_slot, en, badn < 0 ? "exact" : "differ",
+           zero ? "reset" : "left set");
+        free(gn); free(rn); free(gnq);
+        cudaFree(dnw); cudaFree(dny); cudaFree(dnyq); cudaFree(dcnt);
+    }
+    free(nw);
+    size_t worst = 0;
+    double atol = 2e-6 * max_mag * (glu ? max_mag + 1 : 1) + 1e-6;
+    double e = rc ? INFINITY : kt_err(got, ref, ne1 * n_slot, atol, 1e-5, &worst);
+    long bad = !rc && q8_out ? q8_mismatch(got, gq, (int)ne1, n_slot) : -1;
+    const char *mn = glu ? " glu" : comb ? " combine" : "";
+    ok(e <= 1 && bad < 0, "matvec_q8%s%s%s %s [%lld x %lld] x%d experts, %d slots/%d k=%d: err %.3g%s%s",
+       mn, with_add ? " add" : "", q8_out ? " q8-out" : "", strata_ggml_type_name(type),
+       (long long)ne0, (long long)ne1, n_exp, n_slot, x_group, k, e, rc ? ": " : "",
+       rc ? err.msg : "");
+    if (!rc && e > 1)
+        diag("  at %zu: gpu %.9g ref %.9g", worst, got[worst], ref[worst]);
+    if (bad >= 0)
+        diag("  q8 output differs at value %ld", bad);
+    cudaFree(dw); if (du) cudaFree(du); cudaFree(dx); cudaFree(dxq); cudaFree(dids);
+    cudaFree(dcw); cudaFree(dy); cudaFree(dyq);
+    free(w); free(u); free(wf); free(uf); free(x); free(xf); free(xq); free(ids); free(cw);
+    free(add); free(ref); free(got); free(gq);
+}
+
+/* A token's rows alone equal its rows inside a 7-token batch, bit for bit, in every
+ * mode (the verify window guarantee). */
+static void test_matvec_q8_batch_invariance(uint32_t type, int mode)
+{
+    struct strata_err err = {0, ""};
+    int64_t ne0 = 1024, ne1 = 96;
+    int nt = 7, k = mode == STRATA_K_MVQ_COMBINE ? 4 : 1, n_exp = 5;
+    int n_x = nt * k;
+    size_t rb, xrb = strata_k_q8_row_bytes(ne0), yrb = strata_k_q8_row_bytes(ne1);
+    uint8_t *w = kt_random_rows(type, ne0, ne1 * n_exp, &rb);
+    uint8_t *u = kt_random_rows(type, ne0, ne1 * n_exp, &rb);
+    float *x = (float *)malloc(sizeof(float) * ne0 * n_x);
+    kt_fill(x, ne0 * n_x, 1.0f);
+    int32_t ids[28];
+    float cw[28];
+    for (int i = 0; i < n_x; i++)
+        ids[i] = (int32_t)(kt_u32() % n_exp);
+    kt_fill(cw, n_x, 1.0f);
+    void *dw = kt_up(w, rb * ne1 * n_exp), *du = kt_up(u, rb * ne1 * n_exp);
+    float *dx = (float *)kt_up(x, sizeof(float) * ne0 * n_x);
+    int32_t *dids = (int32_t *)kt_up(ids, sizeof ids);
+    float *dcw = (float *)kt_up(cw, sizeof cw), *dy = (float *)kt_dev(sizeof(float) * ne1 * nt);
+    uint8_t *dxq = (uint8_t *)kt_dev(xrb * n_x), *dyq = (uint8_t *)kt_dev(yrb * nt);
+    float *one = (float *)malloc(sizeof(float) * ne1), *all = (float *)malloc(sizeof(float) * ne1 * nt);
+    uint8_t *oneq = (uint8_t *)malloc(yrb), *allq = (uint8_t *)malloc(yrb * nt);
+    struct strata_k_weight kw = {type, ne0, ne1, rb, rb * ne1, dw};
+    struct strata_k_weight ku = {type, ne0, ne1, rb, rb * ne1, du};
+    int rc = strata_k_quantize_q8(&ctx, dx, ne0, (int)ne0, n_x, 0, NULL, 0.0f, NULL, dxq, &err);
+    struct strata_k_mvq_args a;
+    memset(&a, 0, sizeof(a));
+    a.w = &kw;
+    a.up = &ku;
+    a.mode = mode;
+    a.ids = dids;
+    a.n_slot = nt;
+    a.x_group = 1;
+    a.k = k;
+    a.cw = dcw;
+    a.xq = dxq;
+    a.y = dy;
+    a.y_stride = ne1;
+    a.yq = mode == STRATA_K_MVQ_GLU ? dyq : NULL;
+    if (!rc)
+        rc = strata_k_matvec_q8(&ctx, &a, &err);
+    KT_CUDA(cudaDeviceSynchronize());
+    kt_down(all, dy, sizeof(float) * ne1 * nt);
+    kt_down(allq, dyq, yrb * nt);
+    int same = !rc;
+    for (int t = 0; t < nt && same; t++) {
+        a.n_slot = 1;
+        a.ids = dids + t * k;
+        a.cw = dcw + t * k;
+        a.xq = dxq + xrb * t * k;
+        rc = strata_k_matvec_q8(&ctx, &a, &err);
+        KT_CUDA(cudaDeviceSynchronize());
+        kt_down(one, dy, sizeof(float) * ne1);
+        kt_down(oneq, dyq, yrb);
+        same = !rc && memcmp(one, all + t * ne1, sizeof(float) * ne1) == 0 &&
+               (!a.yq || memcmp(oneq, allq + yrb * t, yrb) == 0);
+    }
+    ok(same, "matvec_q8 mode %d %s: one-token results bitwise equal to a 7-token batch%s%s",
+       mode, strata_ggml_type_name(type), rc ? ": " : "", rc ? err.msg : "");
+    cudaFree(dw); cudaFree(du); cudaFree(dx); cudaFree(dids); cudaFree(dcw); cudaFree(dy);
+    cudaFree(dxq); cudaFree(dyq);
+    free(w); free(u); free(x); free(one); free(all); free(oneq); free(allq);
+}
+
+/* Router and routing in one launch: the logits against double sums, the ids and
+ * weights against the separate routing kernel on the same logits; twice, so that the
+ * second launch proves the counters were reset. */
+static void test_router_topk(int n_tok, int n_expert, int n, int k, int norm)
+{
+    struct strata_err err = {0, ""};
+    float *w = (float *)malloc(sizeof(float) * n_expert * n), *x = (float *)malloc(sizeof(float) * n_tok * n);
+    float *ref = (float *)malloc(sizeof(float) * n_tok * n_expert), *got = (float *)malloc(sizeof(float) * n_tok * n_expert);
+    kt_fill(w, (size_t)n_expert * n, 1.0f);
+    kt_fill(x, (size_t)n_tok * n, 1.0f);
+    double max_mag = 0;
+    for (int t = 0; t < n_tok; t++)
+        for (int e = 0; e < n_expert; e++) {
+            double a = 0, mag = 0;
+            for (int i = 0; i < n; i++) {
+                a += (double)w[e * n + i] * x[t * n + i];
+                mag += fabs((double)w[e * n + i] * x[t * n + i]);
+            }
+            ref[t * n_expert + e] = (float)a;
+            max_mag = fmax(max_mag, mag);
+        }
+    float *dw = (float *)kt_up(w, sizeof(float) * n_expert * n), *dx = (float *)kt_up(x, sizeof(float) * n_tok * n);
+    float *dl = (float *)kt_dev(sizeof(float) * n_tok * n_expert);
+    float *dwt = (float *)kt_dev(sizeof(float) * n_tok * k), *dwt2 = (float *)kt_dev(sizeof(float) * n_tok * k);
+    int32_t *di = (int32_t *)kt_dev(sizeof(int32_t) * n_tok * k), *di2 = (int32_t *)kt_dev(sizeof(int32_t) * n_tok * k);
+    int *dc = (int *)kt_dev(sizeof(int) * n_tok);
+    KT_CUDA(cudaMemset(dc, 0, sizeof(int) * n_tok));
+    struct strata_k_weight kw = {STRATA_TYPE_F32, n, n_expert, 4 * (size_t)n, 0, dw};
+    int rc = 0;
+    for (int rep = 0; rep < 2 && !rc; rep++) {
+        kt_poison(dl, sizeof(float) * n_tok * n_expert);
+        kt_poison(di, sizeof(int32_t) * n_tok * k);
+        rc = strata_k_moe_router_topk(&ctx, &kw, dx, n_tok, dl, dc, k, norm, 0.5f, di, dwt, &err);
+    }
+    if (!rc)
+        rc = strata_k_moe_route(&ctx, dl, n_tok, n_expert, k, norm, 0.5f, di2, dwt2, &err);
+    KT_CUDA(cudaDeviceSynchronize());
+    kt_down(got, dl, sizeof(float) * n_tok * n_expert);
+    int32_t *gi = (int32_t *)malloc(sizeof(int32_t) * n_tok * k), *gi2 = (int32_t *)malloc(sizeof(int32_t) * n_tok * k);
+    float *gw = (float *)malloc(sizeof(float) * n_tok * k), *gw2 = (float *)malloc(sizeof(float) * n_tok * k);
+    int cnt[64];
+    kt_down(gi, di, sizeof(int32_t) * n_tok * k);
+    kt_down(gi2, di2, sizeof(int32_t) * n_tok * k);
+    kt_down(gw, dwt, sizeof(float) * n_tok * k);
+    kt_down(gw2, dwt2, sizeof(float) * n_tok * k);
+    kt_down(cnt, dc, sizeof(int) * n_tok);
+    size_t worst = 0;
+    double e = rc ? INFINITY : kt_err(got, ref, (size_t)n_tok * n_expert, 2e-6 * max_mag + 1e-6, 1e-5, &worst);
+    int same = !rc && memcmp(gi, gi2, sizeof(int32_t) * n_tok * k) == 0 &&
+               memcmp(gw, gw2, sizeof(float) * n_tok * k) == 0;
+    int zero = 1;
+    for (int t = 0; t < n_tok; t++)
+        zero &= cnt[t] == 0;
+    ok(e <= 1 && same && zero,
+       "moe_router_topk n_tok=%d n_expert=%d n=%d k=%d norm=%d: logits err %.3g, routing %s "
+       "the separate kernel's, counters %s %s", n_tok, n_expert, n, k, norm, e,
+       same ? "equals" : "differs from", zero ? "reset" : "left set", rc ? err.msg : "");
+    cudaFree(dw); cudaFree(dx); cudaFree(dl); cudaFree(dwt); cudaFree(dwt2); cudaFree(di);
+    cudaFree(di2); cudaFree(dc);
+    free(w); free(x); free(ref); free(got); free(gi); free(gi2); free(gw); free(gw2);
+}
+
+static void test_q8(void)
+{
+    test_router_topk(1, 128, 2048, 8, 1);
+    test_router_topk(17, 60, 100, 6, 0);
+    test_router_topk(3, 1000, 64, 32, 1);
+    test_quantize_q8(2048, 3, 1, 1);
+    test_quantize_q8(96, 5, 1, 0);
+    test_quantize_q8(4096, 2, 0, 0);
+    test_quantize_q8(32, 17, 1, 1);
+    const uint32_t types[] = {STRATA_TYPE_Q4_K, STRATA_TYPE_Q5_K, STRATA_TYPE_Q6_K,
+                              STRATA_TYPE_Q8_0};
+    for (int i = 0; i < 4; i++) {
+        uint32_t t = types[i];
+        int64_t qk = strata_ggml_blck_size(t);
+        ok(strata_k_matvec_q8_supported(t), "matvec_q8 takes %s", strata_ggml_type_name(t));
+        test_matvec_q8(t, qk, 1, 1, 1, 1, 1, STRATA_K_MVQ_PLAIN, 0, 0);
+        test_matvec_q8(t, qk * 3, 7, 1, 2, 1, 1, STRATA_K_MVQ_PLAIN, 1, 0);
+        test_matvec_q8(t, qk * 8, 257, 1, 3, 1, 1, STRATA_K_MVQ_PLAIN, 0, 0);
+        test_matvec_q8(t, qk * 8, 96, 5, 8, 4, 1, STRATA_K_MVQ_GLU, 0, 1);
+        test_matvec_q8(t, qk * 3, 64, 6, 6, 3, 1, STRATA_K_MVQ_GLU, 0, 1);
+        test_matvec_q8(t, qk, 33, 3, 4, 2, 1, STRATA_K_MVQ_GLU, 0, 0); /* ne1 % 32 != 0 */
+        test_matvec_q8(t, qk * 3, 200, 6, 3, 1, 8, STRATA_K_MVQ_COMBINE, 1, 0);
+        test_matvec_q8(t, qk, 65, 4, 2, 1, 3, STRATA_K_MVQ_COMBINE, 0, 0);
+        test_matvec_q8_batch_invariance(t, STRATA_K_MVQ_PLAIN);
+        test_matvec_q8_batch_invariance(t, STRATA_K_MVQ_GLU);
+        test_matvec_q8_batch_invariance(t, STRATA_K_MVQ_COMBINE);
+    }
+    /* the decode shapes of the benchmark model: qkv, attn_output, experts, output */
+    test_matvec_q8(STRATA_TYPE_Q4_K, 2048, 5120, 1, 1, 1, 1, STRATA_K_MVQ_PLAIN, 0, 0);
+    test_matvec_q8(STRATA_TYPE_Q4_K, 4096, 2048, 1, 2, 1, 1, STRATA_K_MVQ_PLAIN, 1, 0);
+    test_matvec_q8(STRATA_TYPE_Q4_K, 2048, 768, 16, 8, 8, 1, STRATA_K_MVQ_GLU, 0, 1);
+    test_matvec_q8(STRATA_TYPE_Q6_K, 768, 2048, 16, 1, 1, 8, STRATA_K_MVQ_COMBINE, 1, 0);
+    test_matvec_q8(STRATA_TYPE_Q6_K, 2048, 20001, 1, 1, 1, 1, STRATA_K_MVQ_PLAIN, 0, 0);
+    test_matvec_q8(STRATA_TYPE_Q8_0, 8192, 1024, 1, 2, 1, 1, STRATA_K_MVQ_PLAIN, 0, 0);
+    /* with the following RMSNorm fused (attn_output, the experts' down projections) */
+    test_matvec_q8(STRATA_TYPE_Q4_K, 4096, 2048, 1, 3, 1, 1, STRATA_K_MVQ_PLAIN, 1, 0, 1);
+    test_matvec_q8(STRATA_TYPE_Q6_K, 768, 2048, 16, 2, 1, 8, STRATA_K_MVQ_COMBINE, 1, 0, 1);
+    test_matvec_q8(STRATA_TYPE_Q8_0, 64, 96, 3, 5, 1, 2, STRATA_K_MVQ_COMBINE, 0, 0, 1);
+    test_matvec_q8(STRATA_TYPE_Q5_K, 256, 32, 1, 1, 1, 1, STRATA_K_MVQ_PLAIN, 0, 0, 1);
+    /* refusals */
+    struct strata_err err = {0, ""};
+    struct strata_k_weight kw = {STRATA_TYPE_IQ2_XS, 256, 64, 74, 0, NULL};
+    struct strata_k_mvq_args a;
+    memset(&a, 0, sizeof(a));
+    a.w = &kw;
+    a.n_slot = 1;
+    a.x_group = 1;
+    int rc = strata_k_matvec_q8(&ctx, &a, &err);
+    ok(rc == STRATA_E_UNSUPPORTED, "matvec_q8 refuses IQ2_XS weights: %s", err.msg);
+    struct strata_k_weight kg = {STRATA_TYPE_Q4_K, 256, 40, 144, 0, NULL};
+    a.w = &kg;
+    a.up = &kg;
+    a.mode = STRATA_K_MVQ_GLU;
+    a.yq = (void *)256;
+    rc = strata_k_matvec_q8(&ctx, &a, &err);
+    ok(rc == STRATA_E_INVALID && strstr(err.msg, "ne1=40"),
+       "matvec_q8 refuses a q8 output of 40 rows: %s", err.msg);
+    rc = strata_k_quantize_q8(&ctx, NULL, 100, 100, 1, 0, NULL, 0.0f, NULL, NULL, &err);
+    ok(rc == STRATA_E_INVALID && strstr(err.msg, "n=100"), "quantize_q8 refuses n=100: %s",
+       err.msg);
+}
 
 static double silu(double v) { return v / (1 + exp(-v)); }
 
@@ -641,6 +1081,7 @@ int main(void)
     test_matvec_batch_invariance(STRATA_TYPE_IQ2_XS);
     test_errors();
     test_ops();
+    test_q8();
 
     cudaStreamDestroy(ctx.stream);
     return tap_done();

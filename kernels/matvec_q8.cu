@@ -1,0 +1,503 @@
+/* matvec_q8.cu - decode mat-vec products on 8-bit activations: the activation row is
+ * quantised once per token (fused with the RMSNorm that precedes it), and each weight
+ * type has its own dot product of a 32-value unit: one wide load of quants, scales
+ * decoded once per unit, integer dot products (dp4a) against the int8 activations.
+ * The scheme is that of llama.cpp's MMVQ kernels (ggml-cuda/mmvq.cu, vecdotq.cuh);
+ * block layouts are those of the GGUF specification (ggml-common.h).
+ *
+ * A row group of tpr lanes (a power of two <= 32, inside one warp/wavefront) owns R
+ * output rows: lane l sums units l, l + tpr, ... in order, then the group reduces with
+ * a fixed shuffle tree.  tpr and R follow from ne0, ne1 and k only, so the result of
+ * a row never depends on the number of slots in the launch. */
+#include "kernels.h"
+
+#include "dequant.cuh"
+
+#include <math.h>
+
+#define MVQ_THREADS 128 /* threads of a PLAIN/COMBINE block */
+#define MVQ_QROWS 32    /* rows of a GLU block: one q8 block of the output */
+
+size_t strata_k_q8_row_bytes(int64_t n)
+{
+    return ((size_t)n + (size_t)n / 8 + 15) & ~(size_t)15;
+}
+
+/* Quantise v (one value per lane, lanes of a 32-aligned group hold one q8 block):
+ * every lane gets its quant, and *d the block's scale. */
+static __device__ __forceinline__ int q8_quant(float v, float *d)
+{
+    float amax = fabsf(v);
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1)
+        amax = fmaxf(amax, STRATA_SHFL_XOR(amax, m));
+    *d = amax / 127.0f;
+    return *d > 0.0f ? __float2int_rn(v / *d) : 0;
+}
+
+/* x[i]; VOL: a volatile read, for rows other blocks of the same launch wrote */
+template <bool VOL> static __device__ __forceinline__ float ldx(const float *x, int i)
+{
+    return VOL ? ((const volatile float *)x)[i] : x[i];
+}
+
+/* One row by the whole block: v = norm ? x * rsqrt(mean(x^2) + eps) * w : x, written
+ * as float32 to y (if not NULL) and as a q8 row to yq.  n % 32 == 0, blockDim.x % 32 ==
+ * 0.  Eight lanes own a 32-value block (four values each), so that the scale needs only
+ * three shuffles; loops run warp-uniformly (every lane of a warp reaches every
+ * shuffle). */
+template <bool VOL>
+static __device__ void norm_q8_row(const float *x, int n, int norm, const float *w, float eps,
+                                   float *y, uint8_t *yq, float *scratch)
+{
+    float sc = 1.0f;
+    if (norm) {
+        float s = 0.0f;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            float v = ldx<VOL>(x, i);
+            s = fmaf(v, v, s);
+        }
+        s = strata_block_sum(s, scratch);
+        sc = rsqrtf(s / (float)n + eps);
+    }
+    const int nb = n / 32, gl = threadIdx.x % 8, ng = blockDim.x / 8;
+    const int wb = (int)(threadIdx.x % 32) / 8; /* this group's place in its warp */
+    for (int b = threadIdx.x / 8; b - wb < nb; b += ng) {
+        const int act = b < nb, i0 = 32 * b + 4 * gl;
+        float v[4];
+        float amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float xv = act ? ldx<VOL>(x, i0 + j) : 0.0f;
+            v[j] = norm ? xv * sc * (w ? w[act ? i0 + j : 0] : 1.0f) : xv;
+            amax = fmaxf(amax, fabsf(v[j]));
+        }
+        amax = fmaxf(amax, STRATA_SHFL_XOR(amax, 1));
+        amax = fmaxf(amax, STRATA_SHFL_XOR(amax, 2));
+        amax = fmaxf(amax, STRATA_SHFL_XOR(amax, 4));
+        float d = amax / 127.0f;
+        if (act) {
+            if (y)
+                *(float4 *)(y + i0) = make_float4(v[0], v[1], v[2], v[3]);
+            uint32_t pk = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                pk |= (uint32_t)(uint8_t)(int8_t)(d > 0.0f ? __float2int_rn(v[j] / d) : 0)
+                      << (8 * j);
+            *(uint32_t *)(yq + i0) = pk;
+            if (gl == 0)
+                ((float *)(yq + n))[b] = d;
+        }
+    }
+}
+
+__global__ void quantize_q8_kernel(const float *x, int64_t x_stride, int n, int norm,
+                                   const float *__restrict__ w, float eps, float *y,
+                                   uint8_t *yq, size_t yq_row)
+{
+    __shared__ float scratch[STRATA_GPU_MAX_WARP];
+    norm_q8_row<false>(x + (int64_t)blockIdx.x * x_stride, n, norm, w, eps,
+                       y ? y + (int64_t)blockIdx.x * n : NULL, yq + blockIdx.x * yq_row, scratch);
+}
+
+int strata_k_quantize_q8(struct strata_gpu_ctx *ctx, const float *x, int64_t x_stride, int n,
+                         int n_rows, int norm, const float *w, float eps, float *y, void *yq,
+                         struct strata_err *err)
+{
+    if (n <= 0 || n % 32 || n_rows <= 0 || x_stride < n)
+        return strata_k_err(err, STRATA_E_INVALID,
+                            "quantize_q8: bad shape n=%d n_rows=%d x_stride=%lld (n %% 32 == 0)",
+                            n, n_rows, (long long)x_stride);
+    if ((uintptr_t)yq & 15 || (uintptr_t)y & 15)
+        return strata_k_err(err, STRATA_E_INVALID, "quantize_q8: output not 16-byte aligned");
+    dim3 grid((unsigned)n_rows), block(STRATA_GPU_BLOCK);
+    quantize_q8_kernel<<<grid, block, 0, ctx->stream>>>(x, x_stride, n, norm, w, eps, y,
+                                                        (uint8_t *)yq, strata_k_q8_row_bytes(n));
+    return strata_k_check(ctx, "quantize_q8_kernel", grid, block, err, "n=%d n_rows=%d norm=%d",
+                          n, n_rows, norm);
+}
+
+/* ---- per-type dot products of one 32-value unit ----
+ * dot(row, u, xq, xd): the sum over values 32u .. 32u + 31 of a row's quantised
+ * weights times the q8 activations (xq: the row's int8 quants, xd: its block scales). */
+
+/* 4 bytes at a 2-byte aligned address, from aligned words (a funnel shift). */
+static __device__ __forceinline__ uint32_t ld4_a2(const uint8_t *p)
+{
+    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    uint32_t sh = ((uintptr_t)p & 2) * 8;
+    return (uint32_t)((((uint64_t)a[1] << 32) | a[0]) >> sh);
+}
+
+/* Per-byte q - 32 for bytes q in 0..63, as signed bytes (no borrow across bytes). */
+static __device__ __forceinline__ int sub32(uint32_t q)
+{
+    return (int)(((q | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
+}
+
+template <int T> struct mvq;
+
+template <> struct mvq<KT_Q4_K> {
+    /* unit u: super-block u / 8, 64-value group g, half h: 16 low nibbles (sub-block
+     * 2g) and 16 high nibbles (sub-block 2g + 1) of one 16-byte load */
+    static __device__ __forceinline__ float dot(const uint8_t *row, int u, const int8_t *xq,
+                                                const float *xd)
+    {
+        const uint8_t *b = row + (u >> 3) * 144;
+        int g = (u >> 1) & 3, h = u & 1;
+        uint4 q = *(const uint4 *)(b + 16 + 32 * g + 16 * h);
+        const int8_t *xb = xq + (u >> 3) * 256 + 64 * g + 16 * h;
+        int4 xl = *(const int4 *)xb, xh = *(const int4 *)(xb + 32);
+        __half2 dm = *(const __half2 *)b;
+        int sc0, m0, sc1, m1;
+        scale_min_k4(2 * g, b + 4, &sc0, &m0);
+        scale_min_k4(2 * g + 1, b + 4, &sc1, &m1);
+        const int k4 = 0x0F0F0F0F, one = 0x01010101;
+        int dl = 0, dh = 0, sl = 0, sh = 0;
+        dl = strata_dp4a((int)(q.x & k4), xl.x, dl);
+        dl = strata_dp4a((int)(q.y & k4), xl.y, dl);
+        dl = strata_dp4a((int)(q.z & k4), xl.z, dl);
+        dl = strata_dp4a((int)(q.w & k4), xl.w, dl);
+        dh = strata_dp4a((int)((q.x >> 4) & k4), xh.x, dh);
+        dh = strata_dp4a((int)((q.y >> 4) & k4), xh.y, dh);
+        dh = strata_dp4a((int)((q.z >> 4) & k4), xh.z, dh);
+        dh = strata_dp4a((int)((q.w >> 4) & k4), xh.w, dh);
+        sl = strata_dp4a(one, xl.x, sl);
+        sl = strata_dp4a(one, xl.y, sl);
+        sl = strata_dp4a(one, xl.z, sl);
+        sl = strata_dp4a(one, xl.w, sl);
+        sh = strata_dp4a(one, xh.x, sh);
+        sh = strata_dp4a(one, xh.y, sh);
+        sh = strata_dp4a(one, xh.z, sh);
+        sh = strata_dp4a(one, xh.w, sh);
+        float2 d = __half22float2(dm);
+        int bi = (u >> 3) * 8 + 2 * g;
+        float d0 = xd[bi], d1 = xd[bi + 1];
+        return d.x * (d0 * (float)(sc0 * dl) + d1 * (float)(sc1 * dh)) -
+               d.y * (d0 * (float)(m0 * sl) + d1 * (float)(m1 * sh));
+    }
+};
+
+template <> struct mvq<KT_Q5_K> {
+    /* as Q4_K, with the fifth bits of the 16 low and 16 high values from qh */
+    static __device__ __forceinline__ float dot(const uint8_t *row, int u, const int8_t *xq,
+                                                const float *xd)
+    {
+        const uint8_t *b = row + (u >> 3) * 176;
+        int g = (u >> 1) & 3, h = u & 1;
+        uint4 q = *(const uint4 *)(b + 48 + 32 * g + 16 * h);
+        uint4 qh = *(const uint4 *)(b + 16 + 16 * h);
+        const int8_t *xb = xq + (u >> 3) * 256 + 64 * g + 16 * h;
+        int4 xl = *(const int4 *)xb, xh = *(const int4 *)(xb + 32);
+        __half2 dm = *(const __half2 *)b;
+        int sc0, m0, sc1, m1;
+        scale_min_k4(2 * g, b + 4, &sc0, &m0);
+        scale_min_k4(2 * g + 1, b + 4, &sc1, &m1);
+        const uint32_t k4 = 0x0F0F0F0F, k1 = 0x01010101;
+        const int one = 0x01010101;
+        int s0 = 2 * g, s1 = 2 * g + 1;
+        int dl = 0, dh = 0, sl = 0, sh = 0;
+#define Q5_STEP(c)                                                                        \
+    dl = strata_dp4a((int)((q.c & k4) | (((qh.c >> s0) & k1) << 4)), xl.c, dl);            \
+    dh = strata_dp4a((int)(((q.c >> 4) & k4) | (((qh.c >> s1) & k1) << 4)), xh.c, dh);     \
+    sl = strata_dp4a(one, xl.c, sl);                                                       \
+    sh = strata_dp4a(one, xh.c, sh);
+        Q5_STEP(x) Q5_STEP(y) Q5_STEP(z) Q5_STEP(w)
+#undef Q5_STEP
+        float2 d = __half22float2(dm);
+        int bi = (u >> 3) * 8 + 2 * g;
+        float d0 = xd[bi], d1 = xd[bi + 1];
+        return d.x * (d0 * (float)(sc0 * dl) + d1 * (float)(sc1 * dh)) -
+               d.y * (d0 * (float)(m0 * sl) + d1 * (float)(m1 * sh));
+    }
+};
+
+template <> struct mvq<KT_Q6_K> {
+    /* unit u: super-block u / 8, half ip, l0 = 8 (u % 4): values 128 ip + 32 s + l0 + j
+     * (s = 0..3, j = 0..7) from ql[64 ip + l0 + j] (s = 0, 2: low and high nibble) and
+     * ql[64 ip + 32 + l0 + j] (s = 1, 3), with bits 2s of qh[32 ip + l0 + j] on top
+     * (ggml's dequantize_row_q6_K).  Blocks are 210 bytes: 2-byte aligned only. */
+    static __device__ __forceinline__ float dot(const uint8_t *row, int u, const int8_t *xq,
+                                                const float *xd)
+    {
+        const uint8_t *b = row + (u >> 3) * 210;
+        int ip = (u >> 2) & 1, l0 = 8 * (u & 3);
+        const uint8_t *qa = b + 64 * ip + l0, *qh = b + 128 + 32 * ip + l0;
+        uint32_t a0 = ld4_a2(qa), a1 = ld4_a2(qa + 4);
+        uint32_t c0 = ld4_a2(qa + 32), c1 = ld4_a2(qa + 36);
+        uint32_t h0 = ld4_a2(qh), h1 = ld4_a2(qh + 4);
+        const uint8_t *scp = b + 192 + 8 * ip;
+        int is8 = 8 * (l0 >> 4);
+        const uint32_t k4 = 0x0F0F0F0F, k2 = 0x03030303;
+        const int8_t *xb = xq + (u >> 3) * 256 + 128 * ip + l0;
+        float acc = 0.0f;
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            uint32_t lo0 = s & 1 ? c0 : a0, lo1 = s & 1 ? c1 : a1;
+            int shl = 4 * (s >> 1), shh = 2 * s;
+            int v0 = sub32(((lo0 >> shl) & k4) | (((h0 >> shh) & k2) << 4));
+            int v1 = sub32(((lo1 >> shl) & k4) | (((h1 >> shh) & k2) << 4));
+            int2 xv = *(const int2 *)(xb + 32 * s);
+            int dt = strata_dp4a(v0, xv.x, strata_dp4a(v1, xv.y, 0));
+            int sc = (int)(int8_t)(ld16(scp + 2 * s) >> is8);
+            acc += xd[(u >> 3) * 8 + 4 * ip + s] * (float)(sc * dt);
+        }
+        return ldh(b + 208) * acc;
+    }
+};
+
+template <> struct mvq<KT_Q8_0> {
+    /* unit u: block u (34 bytes, 2-byte aligned) */
+    static __device__ __forceinline__ float dot(const uint8_t *row, int u, const int8_t *xq,
+                                                const float *xd)
+    {
+        const uint8_t *b = row + u * 34;
+        const int4 *xv = (const int4 *)(xq + 32 * u);
+        int4 x0 = xv[0], x1 = xv[1];
+        int dt = 0;
+        dt = strata_dp4a((int)ld32_a2(b + 2), x0.x, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 6), x0.y, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 10), x0.z, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 14), x0.w, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 18), x1.x, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 22), x1.y, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 26), x1.z, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 30), x1.w, dt);
+        return ldh(b) * xd[u] * (float)dt;
+    }
+};
+
+struct mvq_params {
+    const uint8_t *w, *u;
+    size_t nb1, nb2;
+    int ne1, nu, tpr;
+    const int32_t *ids;
+    int x_group, k;
+    const float *cw;
+    const uint8_t *xq;
+    size_t xq_row; /* bytes between q8 rows; the scales start ne0 bytes into a row */
+    float *y;
+    int64_t y_stride;
+    const float *add;
+    uint8_t *yq;
+    size_t yq_row;
+    /* the RMSNorm of the output rows by the last block of each token (PLAIN, COMBINE) */
+    const float *nw;
+    float eps;
+    float *ny;
+    uint8_t *nyq;
+    int *counter;
+};
+
+/* MODE: STRATA_K_MVQ_*; R rows per row group. */
+template <int T, int MODE, int R>
+__global__ void __launch_bounds__(512) mvq_kernel(struct mvq_params p)
+{
+    const int tpr = p.tpr, gl = threadIdx.x % tpr;
+    const int grp = threadIdx.x / tpr, groups = blockDim.x / tpr;
+    const int r0 = (blockIdx.x * groups + grp) * R;
+    const int s = blockIdx.y;
+    const int ne0 = p.nu * 32;
+    /* rows past ne1 re-read the last row (in bounds) and are not written: every lane
+     * must reach the shuffles */
+    size_t roff[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        roff[r] = (size_t)min(r0 + r, p.ne1 - 1) * p.nb1;
+    float acc[R], acc2[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        acc[r] = acc2[r] = 0.0f;
+    if (MODE == STRATA_K_MVQ_COMBINE) {
+        const int items = p.k * p.nu;
+#pragma unroll 4
+        for (int i = gl; i < items; i += tpr) {
+            int j = i / p.nu, uu = i - j * p.nu, sl = s * p.k + j;
+            const uint8_t *wb = p.w + (size_t)p.ids[sl] * p.nb2;
+            const uint8_t *xr = p.xq + (size_t)(sl / p.x_group) * p.xq_row;
+            float cw = p.cw[sl];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                acc[r] = fmaf(cw,
+                              mvq<T>::dot(wb + roff[r], uu, (const int8_t *)xr,
+                                          (const float *)(xr + ne0)),
+                              acc[r]);
+        }
+    } else {
+        const size_t base = p.ids ? (size_t)p.ids[s] * p.nb2 : 0;
+        const uint8_t *xr = p.xq + (size_t)(s / p.x_group) * p.xq_row;
+        const int8_t *xq = (const int8_t *)xr;
+        const float *xd = (const float *)(xr + ne0);
+#pragma unroll 2
+        for (int i = gl; i < p.nu; i += tpr) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                acc[r] += mvq<T>::dot(p.w + base + roff[r], i, xq, xd);
+                if (MODE == STRATA_K_MVQ_GLU)
+                    acc2[r] += mvq<T>::dot(p.u + base + roff[r], i, xq, xd);
+            }
+        }
+    }
+    float out[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        float a = acc[r], b = acc2[r];
+        for (int m = tpr / 2; m > 0; m >>= 1) {
+            a += STRATA_SHFL_XOR(a, m);
+            if (MODE == STRATA_K_MVQ_GLU)
+                b += STRATA_SHFL_XOR(b, m);
+        }
+        int64_t o = (int64_t)s * p.y_stride + r0 + r;
+        if (MODE == STRATA_K_MVQ_GLU)
+            out[r] = a / (1.0f + expf(-a)) * b;
+        else
+            out[r] = (p.add && r0 + r < p.ne1 ? p.add[o] : 0.0f) + a;
+        if (gl == 0 && r0 + r < p.ne1 && p.y)
+            p.y[o] = out[r];
+    }
+    if (MODE == STRATA_K_MVQ_GLU && p.yq) {
+        /* the block's 32 rows are one q8 block of the slot's output row */
+        __shared__ float vb[MVQ_QROWS];
+        if (gl == 0) {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                vb[grp * R + r] = out[r];
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            float d;
+            int q = q8_quant(vb[threadIdx.x], &d);
+            uint8_t *yr = p.yq + (size_t)s * p.yq_row;
+            int rb = blockIdx.x * MVQ_QROWS;
+            ((int8_t *)yr)[rb + threadIdx.x] = (int8_t)q;
+            if (threadIdx.x == 0)
+                ((float *)(yr + p.ne1))[rb / 32] = d;
+        }
+    }
+    if (MODE != STRATA_K_MVQ_GLU && p.counter) {
+        /* the last block done with token s normalises its row (threadFenceReduction
+         * pattern: each block's writes are fenced before it is counted) */
+        __shared__ int last;
+        __shared__ float scratch[STRATA_GPU_MAX_WARP];
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0)
+            last = atomicAdd(&p.counter[s], 1) == (int)gridDim.x - 1;
+        __syncthreads();
+        if (last) {
+            __threadfence();
+            norm_q8_row<true>(p.y + (int64_t)s * p.y_stride, p.ne1, 1, p.nw, p.eps,
+                              p.ny ? p.ny + (int64_t)s * p.ne1 : NULL,
+                              p.nyq + (size_t)s * p.yq_row, scratch);
+            if (threadIdx.x == 0)
+                p.counter[s] = 0;
+        }
+    }
+}
+
+int strata_k_matvec_q8_supported(uint32_t type)
+{
+    return type == KT_Q4_K || type == KT_Q5_K || type == KT_Q6_K || type == KT_Q8_0;
+}
+
+template <int T, int MODE, int R>
+static void mvq_launch(dim3 grid, dim3 block, cudaStream_t st, const struct mvq_params &p)
+{
+    mvq_kernel<T, MODE, R><<<grid, block, 0, st>>>(p);
+}
+
+int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_args *a,
+                       struct strata_err *err)
+{
+    const struct strata_k_weight *w = a->w;
+    if (!strata_k_matvec_q8_supported(w->type))
+        return strata_k_err(err, STRATA_E_UNSUPPORTED,
+                            "matvec_q8: weight type %u has no 8-bit-activation kernel", w->type);
+    int qk = strata_k_blck(w->type);
+    int mode = a->mode;
+    if (w->ne0 % qk || w->ne0 <= 0 || w->ne1 <= 0 || w->ne0 > INT32_MAX || w->ne1 > INT32_MAX ||
+        a->n_slot <= 0 || a->n_slot > 65535 || a->x_group <= 0 || mode < 0 || mode > 2 ||
+        (mode == STRATA_K_MVQ_COMBINE && (a->k <= 0 || !a->ids || !a->cw)))
+        return strata_k_err(err, STRATA_E_INVALID,
+                            "matvec_q8: bad shape ne0=%lld ne1=%lld (block %d) n_slot=%d "
+                            "x_group=%d mode=%d k=%d", (long long)w->ne0, (long long)w->ne1, qk,
+                            a->n_slot, a->x_group, mode, a->k);
+    if ((uintptr_t)a->xq & 15 || (uintptr_t)a->yq & 15 || (uintptr_t)w->data & 15 ||
+        (w->nb1 & 1) || (w->nb2 & 1))
+        return strata_k_err(err, STRATA_E_INVALID,
+                            "matvec_q8: weights or q8 rows not aligned (nb1=%zu)", w->nb1);
+    if (mode == STRATA_K_MVQ_GLU &&
+        (!a->up || a->up->type != w->type || a->up->ne0 != w->ne0 || a->up->ne1 != w->ne1 ||
+         a->up->nb1 != w->nb1 || a->up->nb2 != w->nb2 || (a->yq && w->ne1 % MVQ_QROWS) ||
+         (uintptr_t)a->up->data & 15))
+        return strata_k_err(err, STRATA_E_INVALID,
+                            "matvec_q8: gate and up weights differ in type or shape, or a q8 "
+                            "output of ne1=%lld rows (a multiple of %d)", (long long)w->ne1,
+                            MVQ_QROWS);
+    if (!a->y && !(mode == STRATA_K_MVQ_GLU && a->yq))
+        return strata_k_err(err, STRATA_E_INVALID, "matvec_q8: no output");
+    if (a->counter && mode != STRATA_K_MVQ_GLU &&
+        (!a->nyq || (uintptr_t)a->nyq & 15 || w->ne1 % 32 || (a->y_stride & 3) ||
+         (uintptr_t)a->y & 15 || (a->ny && (uintptr_t)a->ny & 15)))
+        return strata_k_err(err, STRATA_E_INVALID,
+                            "matvec_q8: the fused RMSNorm needs q8 output rows, ne1=%lld a "
+                            "multiple of 32 and 16-byte aligned rows", (long long)w->ne1);
+    if ((w->type == KT_Q4_K || w->type == KT_Q5_K) && (w->nb1 & 15 || w->nb2 & 15))
+        return strata_k_err(err, STRATA_E_INVALID,
+                            "matvec_q8: rows of this type must be 16-byte aligned (nb1=%zu)",
+                            w->nb1);
+    struct mvq_params p;
+    p.w = (const uint8_t *)w->data;
+    p.u = mode == STRATA_K_MVQ_GLU ? (const uint8_t *)a->up->data : NULL;
+    p.nb1 = w->nb1;
+    p.nb2 = w->nb2;
+    p.ne1 = (int)w->ne1;
+    p.nu = (int)(w->ne0 / 32);
+    p.ids = a->ids;
+    p.x_group = a->x_group;
+    p.k = mode == STRATA_K_MVQ_COMBINE ? a->k : 1;
+    p.cw = a->cw;
+    p.xq = (const uint8_t *)a->xq;
+    p.xq_row = strata_k_q8_row_bytes(w->ne0);
+    p.y = a->y;
+    p.y_stride = a->y_stride;
+    p.add = a->add;
+    p.yq = (uint8_t *)a->yq;
+    p.yq_row = strata_k_q8_row_bytes(w->ne1);
+    p.nw = a->nw;
+    p.eps = a->eps;
+    p.ny = a->ny;
+    p.nyq = (uint8_t *)a->nyq;
+    p.counter = mode == STRATA_K_MVQ_GLU ? NULL : a->counter;
+    /* lanes per row: each lane gets at least two units where the row has them */
+    int items = p.nu * p.k;
+    p.tpr = 32;
+    while (p.tpr > 4 && 2 * p.tpr > items)
+        p.tpr /= 2;
+    /* two rows per group share the activation loads of large matrices */
+    int R = mode == STRATA_K_MVQ_GLU ? 2 : mode == STRATA_K_MVQ_PLAIN && w->ne1 >= 16384 ? 2 : 1;
+    int rows = mode == STRATA_K_MVQ_GLU ? MVQ_QROWS : MVQ_THREADS / p.tpr * R;
+    dim3 grid((unsigned)((w->ne1 + rows - 1) / rows), (unsigned)a->n_slot);
+    dim3 block((unsigned)(rows / R * p.tpr));
+    switch (w->type) {
+#define CASE(T)                                                                               \
+    case T:                                                                                   \
+        if (mode == STRATA_K_MVQ_GLU)                                                         \
+            mvq_launch<T, STRATA_K_MVQ_GLU, 2>(grid, block, ctx->stream, p);                  \
+        else if (mode == STRATA_K_MVQ_COMBINE)                                                \
+            mvq_launch<T, STRATA_K_MVQ_COMBINE, 1>(grid, block, ctx->stream, p);              \
+        else if (R == 2)                                                                      \
+            mvq_launch<T, STRATA_K_MVQ_PLAIN, 2>(grid, block, ctx->stream, p);                \
+        else                                                                                  \
+            mvq_launch<T, STRATA_K_MVQ_PLAIN, 1>(grid, block, ctx->stream, p);                \
+        break;
+        CASE(KT_Q4_K)
+        CASE(KT_Q5_K)
+        CASE(KT_Q6_K)
+        CASE(KT_Q8_0)
+#undef CASE
+    }
+    return strata_k_check(ctx, "mvq_kernel", grid, block, err,
+                          "type %u ne0=%lld ne1=%lld n_slot=%d mode=%d k=%d tpr=%d", w->type,
+                          (long long)w->ne0, (long long)w->ne1, a->n_slot, mode, p.k, p.tpr);
+}
