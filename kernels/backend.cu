@@ -443,7 +443,12 @@ static int place_experts(struct gpu_state *s, const struct strata_engine_opts *o
     int rc = strata_gpu_ec_create(&s->xc, &in, err);
     free(gi);
     if (rc || s->xc) {
-        /* the expert copies and the host work between layers do not fit in a graph */
+        /* the expert kernels read the slot pool through these views; the copies and
+         * the host work between layers do not fit in a graph */
+        for (uint32_t il = 0; s->xc && il < m->hp.n_layer; il++)
+            if (m->layers[il].is_moe)
+                strata_gpu_ec_views(s->xc, (int)il, &s->layers[il].gate_exps,
+                                    &s->layers[il].up_exps, &s->layers[il].down_exps);
         s->use_graph = 0;
         return rc;
     }
@@ -996,15 +1001,22 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                                                                       : 1.0f,
                                          s->eids, s->ew, err)))
                 goto fail;
+            int done = 0;
+            if (s->xc) {
+                /* offloaded experts: hits and copies on the GPU, misses maybe on the CPU;
+                 * a mat-vec batch all on the GPU comes back as remapped ids in s->eids
+                 * for the kernels below (done = 0) */
+                struct strata_gpu_ec_io io = {s->xn, s->eids, s->act, s->eout, s->perm, s->tiles,
+                                              s->n_tiles};
+                if (OP("moe_experts", strata_gpu_ec_moe(s->xc, il, n, &io, &done, err)))
+                    goto fail;
+            }
             if (n > MATVEC_MAX && !s->xc &&
                 OP("moe_plan", strata_k_moe_plan(&s->ctx, s->eids, rows, s->n_expert, s->perm, s->tiles,
                                         s->n_tiles, err)))
                 goto fail;
-            if (s->xc) {
-                struct strata_gpu_ec_io io = {s->xn, s->eids, s->act, s->eout, s->perm, s->tiles,
-                                              s->n_tiles};
-                if (OP("moe_experts", strata_gpu_ec_moe(s->xc, il, n, &io, err)) ||
-                    OP("moe_combine", strata_k_moe_combine(&s->ctx, s->eout, s->ew, n, k, E, s->x,
+            if (done) {
+                if (OP("moe_combine", strata_k_moe_combine(&s->ctx, s->eout, s->ew, n, k, E, s->x,
                                                            s->x, err)))
                     goto fail;
             } else if (!ffn_q8(s, &D->gate_exps, &D->up_exps, &D->down_exps, n, k, s->eids,

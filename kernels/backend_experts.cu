@@ -398,6 +398,14 @@ struct strata_expert_cache *strata_gpu_ec_cache(struct strata_gpu_ec *gx)
     return gx ? gx->ec : NULL;
 }
 
+void strata_gpu_ec_views(const struct strata_gpu_ec *gx, int il, struct strata_k_weight *gate,
+                         struct strata_k_weight *up, struct strata_k_weight *down)
+{
+    *gate = gx->vg[il];
+    *up = gx->vu[il];
+    *down = gx->vd[il];
+}
+
 static void print_stats(struct strata_gpu_ec *gx)
 {
     char *buf = NULL;
@@ -512,6 +520,22 @@ static int plan(struct strata_gpu_ec *gx, const struct strata_gpu_ec_in *in, int
     int rc = strata_ec_plan_compute(&pi, &p, err);
     if (rc)
         return rc;
+    /* staging: enough records for every expert a mat-vec batch (a verify window) can
+     * miss, so it streams them at once into the usual kernels, when that costs little
+     * of the budget; else the plan's 2 k records, cycled in rounds */
+    int ns = gx->mv_max * gx->K < gx->X ? gx->mv_max * gx->K : gx->X;
+    uint64_t room = p.budget / 32 > (64ull << 20) ? p.budget / 32 : (64ull << 20);
+    if (ns < 2 * gx->K || (uint64_t)ns * gx->rec > room)
+        ns = 2 * gx->K;
+    if (in->cfg->staging > 0)
+        ns = in->cfg->staging;
+    gx->n_staging = ns;
+    if (p.staging && ns > 2 * gx->K) {
+        uint32_t drop = (uint32_t)(ns - 2 * gx->K);
+        p.staging = (uint64_t)ns * gx->rec;
+        p.n_slots = p.n_slots > drop ? p.n_slots - drop : 0;
+        p.cache = (uint64_t)p.n_slots * gx->rec;
+    }
     if (in->cfg->slots >= 0) {
         uint32_t want = (uint32_t)in->cfg->slots < pi.n_experts_total ? (uint32_t)in->cfg->slots
                                                                       : pi.n_experts_total;
@@ -519,7 +543,7 @@ static int plan(struct strata_gpu_ec *gx, const struct strata_gpu_ec_in *in, int
             strata_log_warn("expert slots: %u asked, the VRAM budget holds %u", want, p.n_slots);
         p.n_slots = want;
         p.cache = (uint64_t)want * gx->rec;
-        p.staging = 2ull * gx->K * gx->rec;
+        p.staging = (uint64_t)ns * gx->rec;
     }
     char *buf = NULL;
     size_t len = 0;
@@ -612,7 +636,6 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
         strata_log_info("memory plan: every routed expert fits in VRAM");
         goto out;
     }
-    gx->n_staging = 2 * gx->K;
     if ((rc = dev_alloc(gx, (void **)&gx->pool_dev,
                         (size_t)(gx->n_slots + gx->n_staging) * gx->rec, "the expert slots",
                         err)))
@@ -1025,7 +1048,7 @@ static int op_cpu(void *ctx, int il, int ie, int n_tok, struct strata_err *err)
 }
 
 int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct strata_gpu_ec_io *io,
-                      struct strata_err *err)
+                      int *done, struct strata_err *err)
 {
     const int A = n * gx->K, K = gx->K;
     cudaStream_t st = gx->ctx->stream;
@@ -1036,6 +1059,7 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
     double t_in = now_s();
     memset(&p, 0, sizeof p);
     p.released = 1;
+    *done = 1;
     gx->arena_used = 0;
     gx->n_batches++;
     if (prefetch) {
@@ -1101,6 +1125,20 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
             if (gx->round_of[m->expert] + 1 > n_rounds)
                 n_rounds = gx->round_of[m->expert] + 1;
         }
+    }
+    if (n <= gx->mv_max && n_rounds == 1 && !p.n_cpu) {
+        /* the caller's own kernels on remapped ids */
+        int32_t *rid = arena(gx, (size_t)A);
+        if (!rid) {
+            rc = strata_k_err(err, STRATA_E_INTERNAL, "expert plan arena too small");
+            goto out;
+        }
+        for (int a = 0; a < A; a++)
+            rid[a] = gx->buf_of[gx->h_ids[a]];
+        if ((rc = up(gx, io->eids, rid, 4 * (size_t)A, err)))
+            goto out;
+        *done = 0;
+        n_rounds = 0;
     }
     for (int r = 0; r < n_rounds && !rc; r++) {
         if (r > 0) {

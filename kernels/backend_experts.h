@@ -54,7 +54,8 @@ void strata_gpu_ec_free(struct strata_gpu_ec *gx);
 /* Device buffers of the backend that the MoE of a layer reads and writes. */
 struct strata_gpu_ec_io {
     const float *xn;      /* [n, n_embd] the ffn_norm output */
-    const int32_t *eids;  /* [n, k] routed expert ids (moe_route) */
+    int32_t *eids;        /* [n, k] routed expert ids (moe_route); remapped to pool
+                             records when *done = 0 */
     float *act;           /* [n * k, n_ff_exp] scratch */
     float *eout;          /* [n * k, n_embd] expert outputs, combined by the caller */
     int32_t *perm, *tiles, *n_tiles; /* grouped mat-mat plan scratch (max_tiles) */
@@ -62,12 +63,22 @@ struct strata_gpu_ec_io {
 
 /* The routed experts of layer il for a batch of n tokens: downloads the routed ids
  * (one small copy and a synchronisation of the compute stream), looks them up in the
- * cache, copies misses on the copy stream, runs the hits and copies on the GPU as soon
- * as their copies landed (the compute stream waits on an event), computes the CPU
- * misses on the pool meanwhile, uploads those rows, and writes every row of io->eout.
+ * cache and copies misses on the copy stream; the compute stream waits for them on an
+ * event.  Then either
+ *   *done = 0: a mat-vec batch (n <= mv_max) whose experts are all on the GPU at once:
+ *      io->eids now holds pool records instead of expert ids, and the caller runs its
+ *      usual expert kernels on the views of strata_gpu_ec_views (the same kernels, so
+ *      the same results, as with every expert in VRAM), then combines;
+ *   *done = 1: every row of io->eout is written (GPU rows per round of staging
+ *      buffers, CPU rows from the pool, computed meanwhile and uploaded); the caller
+ *      combines them.
  * Errors: STRATA_E_GPU (names the call or kernel), those of the expert cache. */
 int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct strata_gpu_ec_io *io,
-                      struct strata_err *err);
+                      int *done, struct strata_err *err);
+
+/* Layer il's expert stacks in the slot pool: record b of each at data + b * nb2. */
+void strata_gpu_ec_views(const struct strata_gpu_ec *gx, int il, struct strata_k_weight *gate,
+                         struct strata_k_weight *up, struct strata_k_weight *down);
 
 /* The expert cache (statistics, tests). */
 struct strata_expert_cache *strata_gpu_ec_cache(struct strata_gpu_ec *gx);

@@ -148,6 +148,8 @@ struct strata_ec_cfg {
                              expert), the offload path even when every expert would
                              fit (tests, benchmarks); -1 (default): the memory plan */
     int no_prefetch;      /* 1: no prediction and prefetch of the next layer's experts */
+    int staging;          /* > 0: exactly this many staging buffers (tests: a batch that
+                             streams more experts cycles them in rounds); 0: the plan's */
 };
 
 /* Fill c with the defaults above (pcie_frac auto). */

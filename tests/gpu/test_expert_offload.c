@@ -132,13 +132,18 @@ static void model_matrix(const char *model, const char *text)
     strata_engine_close(e);
     e = NULL;
     l = malloc(sizeof(float) * (size_t)(N_GREEDY + 1) * nv);
-    const int slots[4] = {total, total / 2, total / 10, 0};
+    /* the last two: 3 staging buffers, so prefill chunks and the 5-token prompt stream
+     * their experts in rounds (F16: the rounds' kernels are those of the all-in-VRAM
+     * run; quantised weights take the 8-bit mat-vec there, not in rounds) */
+    const int slots[6] = {total, total / 2, total / 10, 0, total / 10, 0};
     const double fracs[3] = {1.0, 0.5, 0.0};
-    for (int bi = 0; bi < 4; bi++)
+    const int n_budget = strstr(model, "F16") ? 6 : 4;
+    for (int bi = 0; bi < n_budget; bi++)
         for (int fi = 0; fi < 3; fi++) {
             struct strata_ec_cfg cfg;
             strata_ec_cfg_init(&cfg);
             cfg.slots = slots[bi];
+            cfg.staging = bi >= 4 ? 3 : 0;
             cfg.pcie_frac = fracs[fi];
             cfg.pool_workers = fi == 2 ? 3 : 0; /* a pool of its own, or the engine's */
             cfg.adapt_every = bi == 2 ? 4 : 32;
@@ -154,9 +159,15 @@ static void model_matrix(const char *model, const char *text)
             }
             ok(strstr(logbuf, "memory plan:") && strstr(logbuf, "filling the GPU's expert cache"),
                "%s: %d slots: the memory plan and the fill are logged", model, slots[bi]);
+            /* GPU placements run the same kernels as the all-in-VRAM run; experts the CPU
+             * computes from quantised weights use the CPU's 8-bit activations (Q8_K, as
+             * llama.cpp's CPU backend), the GPU 8-bit blocks of 32 or f16: those logits
+             * move by a few percent of their range, as in test_golden's GPU-versus-CPU
+             * check, and the greedy ids must still be the same */
+            int cpu_q = fracs[fi] < 1 && slots[bi] < total && !strstr(model, "F16");
             for (int p = 0; p < 2; p++) {
                 rc = run(e, toks, plen[p], base_ids[p], NULL, l, &err);
-                double md = 0;
+                double md = 0, maxv = 0;
                 int same = 1, first_bad = -1;
                 for (int r = 0; r <= N_GREEDY && !rc; r++) {
                     const float *a = base[p] + (size_t)r * nv, *b = l + (size_t)r * nv;
@@ -164,15 +175,19 @@ static void model_matrix(const char *model, const char *text)
                         double d = fabs((double)a[i] - b[i]);
                         if (!(d <= md))
                             md = d; /* NaN stays */
+                        maxv = fmax(maxv, fabs(a[i]));
                     }
                     if (argmax(a, nv) != argmax(b, nv) && first_bad < 0) {
                         same = 0;
                         first_bad = r;
                     }
                 }
-                ok(rc == 0 && md <= 5e-2 && same,
+                double tol = cpu_q ? fmax(5e-2, 0.05 * maxv) : 5e-2;
+                ok(rc == 0 && md <= tol && same,
                    "%s: %d of %d experts in VRAM, pcie_frac %.1f, prompt %d: max |logit diff| "
-                   "%.2e, greedy ids %s%s%s", model, slots[bi], total, fracs[fi], plen[p], md,
+                   "%.2e (<= %.2e%s%s), greedy ids %s%s%s", model, slots[bi], total,
+                   fracs[fi], plen[p], md, tol, cpu_q ? ", CPU 8-bit activations" : "",
+                   cfg.staging ? ", 3 staging buffers" : "",
                    same ? "equal" : "differ", rc ? ": " : "", rc ? err.msg : "");
                 if (first_bad >= 0)
                     diag("first differing argmax at step %d", first_bad);
@@ -181,6 +196,13 @@ static void model_matrix(const char *model, const char *text)
             e = NULL;
             strata_log_set_sink(NULL, NULL);
             double cpu = logged("CPU experts ");
+            const char *all = strstr(logbuf, "\n  all ");
+            if (all && fi == 0) {
+                /* hit%, (token, expert) pair hit%, PCIe MB and CPU experts per token */
+                const char *eol = strchr(all + 1, '\n');
+                diag("%s: %d of %d experts in VRAM, pcie_frac 1: hit rate over both prompts "
+                     "%.*s", model, slots[bi], total, eol ? (int)(eol - all - 1) : 40, all + 1);
+            }
             const char *cp = strstr(logbuf, "expert copies: ");
             double mbt = cp && strstr(cp, "(") ? atof(strstr(cp, "(") + 1) : -1;
             if (slots[bi] < total) {
