@@ -181,13 +181,19 @@ static double est_ms(const struct strata_spec *s, int k)
     return t0;
 }
 
+/* A window must promise this much more than a plain step before it is drafted:
+ * the estimates are means of noisy timings and the acceptance a model of the
+ * text, so near the break-even a window loses as often as it wins; giving up the
+ * last 10% of the gain keeps speculation from being slower than plain decoding. */
+#define SPEC_MARGIN 1.10
+
 /* The number of drafts for the next window: the one with the most expected
  * tokens per millisecond, where a window of k drafts yields
- * (1 - alpha^(k+1)) / (1 - alpha) tokens at acceptance alpha.  A plain step
- * is measured first; below an acceptance of 1/4 drafting is off whatever the
- * timings say (a window always costs more than a step); after 32 plain steps
- * in a row one window probes with the best k > 0 so the estimates can follow
- * the text. */
+ * (1 - alpha^(k+1)) / (1 - alpha) tokens at acceptance alpha, if it beats a
+ * plain step by SPEC_MARGIN.  A plain step is measured first; below an
+ * acceptance of 1/4 drafting is off whatever the timings say (a window always
+ * costs more than a step); after 32 plain steps in a row one window probes with
+ * the best k > 0 so the estimates can follow the text. */
 static int choose(struct strata_spec *s)
 {
     if (!s->adaptive)
@@ -196,7 +202,7 @@ static int choose(struct strata_spec *s)
         return 0;
     double alpha = (s->acc + 1) / (s->acc + s->rej + 2); /* prior: 1/2 */
     int best = 0, best_pos = 1;
-    double best_rate = 1 / est_ms(s, 0), best_pos_rate = 0, e = 1, pw = 1;
+    double best_rate = SPEC_MARGIN / est_ms(s, 0), best_pos_rate = 0, e = 1, pw = 1;
     for (int k = 1; k <= s->n_max; k++) {
         pw *= alpha;
         e += pw; /* 1 + alpha + ... + alpha^k */
