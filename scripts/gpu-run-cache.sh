@@ -8,9 +8,11 @@
 #   scripts/gpu-run-cache.sh run [BENCH_ARGS...]          on the GPU machine: logs under
 #       $OUT (default ./gpu-out), a summary on stdout; exit 1 when a check failed
 #
-# e.g. make B=/tmp/b cuda CUDA_ARCHS=90 && make B=/tmp/b CUDA_ARCHS=90 \
+# e.g. make B=/tmp/b BINDIR=/tmp/b/bin CUDA_ARCHS=90 cuda \
 #        /tmp/b/gpu-tests/test_expert_offload /tmp/b/gpu-tests/bench_offload &&
-#      scripts/gpu-run-cache.sh pack /tmp/b bin/cuda
+#      scripts/gpu-run-cache.sh pack /tmp/b /tmp/b/bin/cuda
+#   then on the GPU machine (carry devrun-cache):
+#      scripts/gpu-run-cache.sh run --budget 25,50,5 --pcie-frac 1,auto --tg 128
 set -u
 d=devrun-cache
 case "${1:-}" in
