@@ -2,7 +2,7 @@
  * engine does not have (norm with bias, bias + activation, gated MLP, 2-D rotary,
  * non-causal windowed attention, the merger's gather) and the encoder itself, which
  * keeps the weights in VRAM and runs the projections on the engine's mat-mat kernel
- * (strata_k_matmul).
+ * (strata_k_matmul) and RMSNorm on the engine's kernel where the rows are unpadded.
  *
  * Layout: activations are [n_patches][ld] float32 with ld the row width rounded up to
  * 64, the mat-mat kernel's K step; the weights are f16 with their rows padded with
@@ -502,8 +502,10 @@ extern "C" void strata_vision_gpu_free(struct strata_vision_gpu *g)
 {
     if (!g)
         return;
-    if (g->ctx.stream)
+    if (g->ctx.stream) {
+        (void)cudaSetDevice(g->ctx.info.device); /* the caller may be another thread */
         (void)cudaStreamSynchronize(g->ctx.stream);
+    }
     for (size_t i = 0; i < g->n_allocs; i++)
         (void)cudaFree(g->allocs[i]);
     if (g->scratch)
@@ -747,6 +749,16 @@ static int mm(struct strata_vision_gpu *g, const struct dlin *l, const float *x,
     return rc;
 }
 
+/* norm(x) -> y over n rows of E: the engine's RMSNorm where it fits (no bias, rows
+ * unpadded), else the vision kernel (LayerNorm, or padded rows). */
+static int norm(struct strata_vision_gpu *g, const float *x, const float *w, const float *b,
+                float *y, int n, struct strata_err *err)
+{
+    if (!b && g->ldE == g->E)
+        return strata_k_rms_norm(&g->ctx, x, w, y, g->E, n, g->eps, err);
+    return strata_k_vision_norm(&g->ctx, x, g->ldE, w, b, y, g->ldE, g->E, n, g->eps, err);
+}
+
 /* The launches of one image; returns at the first failure. */
 static int forward(struct strata_vision_gpu *g, const struct strata_vision_gpu_layout *lay,
                    int *layer, struct strata_err *err)
@@ -764,8 +776,7 @@ static int forward(struct strata_vision_gpu *g, const struct strata_vision_gpu_l
         const struct dblk *b = &g->blk[l];
         const int full = lay->full[l] != 0;
         *layer = l;
-        if ((rc = strata_k_vision_norm(c, g->x, ldE, b->ln1_w, b->ln1_b, g->xn, ldE, E, N, g->eps,
-                                       err)) ||
+        if ((rc = norm(g, g->x, b->ln1_w, b->ln1_b, g->xn, N, err)) ||
             (rc = mm(g, &b->q, g->xn, ldE, N, g->q, ldE, NULL, err)) ||
             (rc = mm(g, &b->k, g->xn, ldE, N, g->k, ldE, NULL, err)) ||
             (rc = mm(g, &b->v, g->xn, ldE, N, g->v, ldE, NULL, err)) ||
@@ -774,8 +785,7 @@ static int forward(struct strata_vision_gpu *g, const struct strata_vision_gpu_l
                                        full ? NULL : g->d_order, full ? NULL : g->d_win_start,
                                        full ? NULL : g->d_pos_win, scale, err)) ||
             (rc = mm(g, &b->o, g->att, ldE, N, g->x, ldE, g->x, err)) ||
-            (rc = strata_k_vision_norm(c, g->x, ldE, b->ln2_w, b->ln2_b, g->xn, ldE, E, N, g->eps,
-                                       err)))
+            (rc = norm(g, g->x, b->ln2_w, b->ln2_b, g->xn, N, err)))
             return rc;
         if (b->gate.w.data) {
             /* f1 = silu(gate xn + b) * (up xn + b); mm() added the biases */
@@ -793,8 +803,7 @@ static int forward(struct strata_vision_gpu *g, const struct strata_vision_gpu_l
     }
     *layer = -1;
     /* merger: norm, merge^2 neighbours side by side, Linear, GELU, Linear */
-    if ((rc = strata_k_vision_norm(c, g->x, ldE, g->post_w, g->post_b, g->xn, ldE, E, N, g->eps,
-                                   err)) ||
+    if ((rc = norm(g, g->x, g->post_w, g->post_b, g->xn, N, err)) ||
         (rc = strata_k_vision_merge(c, g->xn, ldE, E, g->mm, T, g->mrg, g->ldME, err)) ||
         (rc = mm(g, &g->mm0, g->mrg, g->ldME, T, g->mid, g->ldME, NULL, err)) ||
         (rc = strata_k_vision_bias_act(c, g->mid, g->ldME, NULL, (int)g->mm0.w.ne1, T,

@@ -127,6 +127,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         cJSON_AddStringToObject(j, "status", s->ready ? "ok" : "loading");
         cJSON_AddBoolToObject(j, "loaded", s->ready);
         cJSON_AddBoolToObject(j, "images", s->ready);
+        cJSON_AddStringToObject(j, "backend", strata_vision_backend(s->v));
         return send_json(c, s->ready ? 200 : 503, j);
     }
     if (strcmp(url, "/embed") != 0)
@@ -230,7 +231,8 @@ int strata_embed_serve(struct strata_vision *v, struct strata_pool *pool,
         strata_image_free(&blank);
     }
     s.ready = 1;
-    strata_log_info("listening on http://%s:%d", host, port);
+    strata_log_info("listening on http://%s:%d (encoder on the %s)", host, port,
+                    strata_vision_backend(v));
     if (o->on_listen)
         o->on_listen(port, o->ud);
     while (!*stop)

@@ -1,6 +1,7 @@
 /* embed_serve.h - the vision helper's loopback HTTP API (strata-embed --serve).
  *
- *   GET  /health  -> 200 {"status":"ok","loaded":true,"images":true}
+ *   GET  /health  -> 200 {"status":"ok","loaded":true,"images":true,"backend":"cpu"}
+ *                    (backend: where the encoder runs, strata_vision_backend)
  *                    (503 {"status":"loading",...} until warmed up)
  *   POST /embed   body: the image file's bytes (PNG, JPEG, BMP, GIF ...)
  *                 -> 200 application/octet-stream: the embedding payload

@@ -86,6 +86,7 @@ check "helper listens" test -n "$port"
 U="http://127.0.0.1:$port"
 curl -s "$U/health" >"$T/h.json"
 check "GET /health ok" grep -q '"status":"ok","loaded":true,"images":true' "$T/h.json"
+check "GET /health names the backend" grep -q '"backend":"cpu"' "$T/h.json"
 code=$(curl -s -o "$T/c.emb" -w '%{http_code}' --data-binary @"$IMG" "$U/embed")
 check "POST /embed: 200" test "$code" = 200
 check "POST /embed: payload of 49 tokens" test "$(stat -c %s "$T/c.emb")" -eq $((40 + 49 * 256 * 4))
