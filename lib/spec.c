@@ -19,6 +19,8 @@ struct strata_spec {
     int n_win[STRATA_SPEC_MAX + 1];    /* how many were measured (capped) */
     double acc, rej;  /* decayed counts: drafts accepted, windows with a rejection */
     int plain_run;    /* windows chosen without drafts in a row */
+    int probe_every;  /* plain steps in a row before a probing window */
+    int probing;      /* the current window is a probe */
     double win_ms;    /* the current window's time */
     int32_t n_vocab;
     float *rows;   /* [(n_max + 1) * n_vocab] logits of the current window */
@@ -30,6 +32,11 @@ struct strata_spec {
     int active;
     struct strata_spec_stats st;
 };
+
+/* Plain steps in a row before a window probes whether drafting pays again: from
+ * SPEC_PROBE_MIN, doubled after each probe that did not pay, up to SPEC_PROBE_MAX. */
+#define SPEC_PROBE_MIN 32
+#define SPEC_PROBE_MAX 256
 
 static double now_ms(void)
 {
@@ -86,6 +93,7 @@ int strata_spec_create(struct strata_spec **out, struct strata_engine *target,
     if (!s)
         return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
     s->e = target;
+    s->probe_every = SPEC_PROBE_MIN;
     s->n_max = o->n_max;
     s->adaptive = o->adaptive;
     s->n_vocab = strata_engine_n_vocab(target);
@@ -155,6 +163,17 @@ static void adapt(struct strata_spec *s, int k, int a)
     /* running means of the window time per size (the last ~8 windows weigh most) */
     int n = s->n_win[k] < 8 ? ++s->n_win[k] : 8;
     s->t_win[k] += (s->win_ms - s->t_win[k]) / n;
+    if (s->probing && a >= 0) {
+        /* a probe that did not pay (fewer tokens per ms than a plain step, or nothing
+         * drafted) doubles the wait before the next one: a draft model catches up on
+         * every token it missed, so frequent probes of a text that does not suit it
+         * cost more than they find */
+        int paid = k > 0 && (a + 1) * s->t_win[0] >= s->win_ms;
+        s->probe_every = paid ? SPEC_PROBE_MIN
+                              : 2 * s->probe_every > SPEC_PROBE_MAX ? SPEC_PROBE_MAX
+                                                                    : 2 * s->probe_every;
+        s->probing = 0;
+    }
     if (k > 0 && a >= 0) {
         /* acceptance per drafted token under a geometric model: a accepted,
          * then one rejection unless all were accepted; decayed so the estimate
@@ -192,8 +211,8 @@ static double est_ms(const struct strata_spec *s, int k)
  * (1 - alpha^(k+1)) / (1 - alpha) tokens at acceptance alpha, if it beats a
  * plain step by SPEC_MARGIN.  A plain step is measured first; below an
  * acceptance of 1/4 drafting is off whatever the timings say (a window always
- * costs more than a step); after 32 plain steps in a row one window probes with
- * the best k > 0 so the estimates can follow the text. */
+ * costs more than a step); after probe_every plain steps in a row one window
+ * probes with the best k > 0 so the estimates can follow the text. */
 static int choose(struct strata_spec *s)
 {
     if (!s->adaptive)
@@ -218,8 +237,10 @@ static int choose(struct strata_spec *s)
     }
     if (alpha < 0.25)
         best = 0;
-    if (best == 0 && ++s->plain_run >= 32)
+    if (best == 0 && ++s->plain_run >= s->probe_every) {
         best = best_pos;
+        s->probing = 1;
+    }
     if (best > 0)
         s->plain_run = 0;
     return best;

@@ -42,7 +42,7 @@
  * maximises the expected tokens per millisecond, from the measured time of
  * recent windows per k and the acceptance rate so far (geometric model);
  * below an acceptance of 1/4 it does not draft, and after 32 plain steps it
- * probes once.  So speculation falls back to plain decoding where windows do
+ * probes once (64, 128, up to 256 after probes that did not pay).  So speculation falls back to plain decoding where windows do
  * not pay (docs/speculative.md).  A draft that finds nothing (n-gram without
  * a match) costs only its search.  The choice depends on timings; the output
  * never does.
