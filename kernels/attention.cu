@@ -43,6 +43,8 @@ attn_kernel(struct strata_k_attn_args a)
     __shared__ __align__(16) __half ks[ATT_KEYS][ATT_HD + 8];
     __shared__ __align__(16) __half vs[ATT_KEYS][ATT_HD + 8];
     __shared__ float ps[ATT_ROWS][ATT_KEYS + 1];
+    strata_pdl_wait();
+    strata_pdl_trigger();
 
     const int hd = 8 * DPT, n_gqa = a.n_head / a.n_head_kv, g = blockIdx.y;
     const int n_rows = a.n_tok * n_gqa, row0 = blockIdx.x * ATT_ROWS;
@@ -202,6 +204,8 @@ __global__ void attn_merge_kernel(const float *__restrict__ scratch, float *__re
                                   int n_rows, int hd, int n_split, const int32_t *pos0,
                                   int n_head)
 {
+    strata_pdl_wait();
+    strata_pdl_trigger();
     int orow = blockIdx.x;
     int n_used = splits_used(*pos0 + orow / n_head + 1, n_split);
     if (n_used == 1)
@@ -247,17 +251,17 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
               (unsigned)a->n_split),
         block(ATT_THREADS);
     switch (a->hd / 8) {
-    case 1: attn_kernel<1><<<grid, block, 0, ctx->stream>>>(*a); break;
-    case 2: attn_kernel<2><<<grid, block, 0, ctx->stream>>>(*a); break;
-    case 3: attn_kernel<3><<<grid, block, 0, ctx->stream>>>(*a); break;
-    case 4: attn_kernel<4><<<grid, block, 0, ctx->stream>>>(*a); break;
-    case 5: attn_kernel<5><<<grid, block, 0, ctx->stream>>>(*a); break;
-    case 6: attn_kernel<6><<<grid, block, 0, ctx->stream>>>(*a); break;
-    case 7: attn_kernel<7><<<grid, block, 0, ctx->stream>>>(*a); break;
-    case 8: attn_kernel<8><<<grid, block, 0, ctx->stream>>>(*a); break;
-    case 10: attn_kernel<10><<<grid, block, 0, ctx->stream>>>(*a); break;
-    case 12: attn_kernel<12><<<grid, block, 0, ctx->stream>>>(*a); break;
-    case 16: attn_kernel<16><<<grid, block, 0, ctx->stream>>>(*a); break;
+    case 1: strata_k_launch(ctx, attn_kernel<1>, grid, block, *a); break;
+    case 2: strata_k_launch(ctx, attn_kernel<2>, grid, block, *a); break;
+    case 3: strata_k_launch(ctx, attn_kernel<3>, grid, block, *a); break;
+    case 4: strata_k_launch(ctx, attn_kernel<4>, grid, block, *a); break;
+    case 5: strata_k_launch(ctx, attn_kernel<5>, grid, block, *a); break;
+    case 6: strata_k_launch(ctx, attn_kernel<6>, grid, block, *a); break;
+    case 7: strata_k_launch(ctx, attn_kernel<7>, grid, block, *a); break;
+    case 8: strata_k_launch(ctx, attn_kernel<8>, grid, block, *a); break;
+    case 10: strata_k_launch(ctx, attn_kernel<10>, grid, block, *a); break;
+    case 12: strata_k_launch(ctx, attn_kernel<12>, grid, block, *a); break;
+    case 16: strata_k_launch(ctx, attn_kernel<16>, grid, block, *a); break;
     default:
         return strata_k_err(err, STRATA_E_UNSUPPORTED, "attention: head dim %d not built", a->hd);
     }
@@ -267,8 +271,8 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
     if (rc || a->n_split == 1)
         return rc;
     dim3 g2((unsigned)(a->n_tok * a->n_head)), b2(128);
-    attn_merge_kernel<<<g2, b2, 0, ctx->stream>>>(a->scratch, a->out, a->n_tok * a->n_head,
-                                                  a->hd, a->n_split, a->pos0, a->n_head);
+    strata_k_launch(ctx, attn_merge_kernel, g2, b2, (const float *)a->scratch, a->out,
+                    a->n_tok * a->n_head, a->hd, a->n_split, a->pos0, a->n_head);
     return strata_k_check(ctx, "attn_merge_kernel", g2, b2, err, "rows=%d hd=%d n_split=%d",
                           a->n_tok * a->n_head, a->hd, a->n_split);
 }

@@ -71,6 +71,11 @@ struct gpu_state {
      * mat-vec on float activations */
     void *xq, *attq, *actq;
     int use_q8;
+    /* fuse (STRATA_FUSE=1): the RMSNorms as last-block epilogues of the mat-vec before
+     * them, router and top-k in one launch.  Off by default: on the H200 the epilogue's
+     * single-block norm (L2 reads one round trip at a time) cost more than the launches
+     * it saves (docs/performance.md) */
+    int fuse;
     /* [2 * MATVEC_MAX] counters of the last-block epilogues: the RMSNorm fused into a
      * mat-vec, then the routing fused into the router */
     int *norm_cnt;
@@ -493,8 +498,14 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         const char *ng = getenv("STRATA_NO_GRAPH");
         const char *pf = getenv("STRATA_GPU_PROFILE");
         s->prof = pf && *pf && strcmp(pf, "0") != 0;
-        const char *nq = getenv("STRATA_NO_MVQ");
+        const char *nq = getenv("STRATA_NO_MVQ"), *nf = getenv("STRATA_FUSE");
         s->use_q8 = !(nq && *nq && strcmp(nq, "0") != 0);
+        s->fuse = nf && *nf && strcmp(nf, "0") != 0;
+        /* programmatic dependent launches (sm_90+): each decode kernel is scheduled
+         * while the one before it finishes; STRATA_NO_PDL=1 turns them off */
+        const char *np = getenv("STRATA_NO_PDL");
+        s->ctx.pdl = !s->ctx.sync_debug && !(np && *np && strcmp(np, "0") != 0) &&
+                     strncmp(s->ctx.info.arch, "sm_", 3) == 0 && atoi(s->ctx.info.arch + 3) >= 90;
         s->use_graph = !s->ctx.sync_debug && !s->prof && !(ng && *ng && strcmp(ng, "0") != 0);
     }
     s->m = m;
@@ -953,7 +964,7 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
             oa.y = s->x;
             oa.y_stride = E;
             oa.add = s->x;
-            if (mvq_ok(s, D->is_moe ? &D->gate_exps : &D->gate, n) && E % 32 == 0) {
+            if (s->fuse && mvq_ok(s, D->is_moe ? &D->gate_exps : &D->gate, n) && E % 32 == 0) {
                 fuse_norm(s, &oa, D->ffn_norm);
                 normed = 1;
             }
@@ -981,12 +992,12 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
             fuse_next = mvq_ok(s, &s->output, n);
             next_nw = s->output_norm;
         }
-        fuse_next = fuse_next && E % 32 == 0;
+        fuse_next = fuse_next && s->fuse && E % 32 == 0;
         if (D->is_moe) {
             const struct strata_hparams *hp = &s->m->hp;
             int k = s->n_used, rows = n * k;
             float wscale = hp->expert_weights_scale > 0 ? hp->expert_weights_scale : 1.0f;
-            if (s->use_q8 && n <= MATVEC_MAX && D->gate_inp.type == STRATA_TYPE_F32 &&
+            if (s->fuse && n <= MATVEC_MAX && D->gate_inp.type == STRATA_TYPE_F32 &&
                 E % 4 == 0) {
                 if (OP("moe_router_topk",
                        strata_k_moe_router_topk(&s->ctx, &D->gate_inp, s->xn, n, s->router,

@@ -211,6 +211,24 @@ static __device__ __forceinline__ int strata_dp4a(int a, int b, int c)
 #endif
 }
 
+/* Programmatic dependent launch (NVIDIA sm_90+; strata_k_launch with ctx->pdl): a
+ * kernel may be scheduled while the kernel before it on the stream still runs, and
+ * strata_pdl_wait() blocks until that one has finished and its writes are visible;
+ * strata_pdl_trigger() lets the next kernel be scheduled.  No-ops elsewhere. */
+static __device__ __forceinline__ void strata_pdl_wait(void)
+{
+#if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void strata_pdl_trigger(void)
+{
+#if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 static __device__ __forceinline__ float strata_h2f(uint16_t h)
 {
     __half_raw r;

@@ -26,7 +26,35 @@ struct strata_gpu_ctx {
     cudaStream_t stream;
     struct strata_gpu_info info;
     int sync_debug; /* synchronise after every launch */
+    int pdl;        /* launch the decode kernels as programmatic dependent launches */
 };
+
+/* Launch k on ctx->stream.  With ctx->pdl (CUDA, sm_90+) as a programmatic dependent
+ * launch: k may be scheduled while the previous kernel finishes (hiding the launch
+ * latency of a chain of small decode kernels), so k must call strata_pdl_wait() before
+ * its first access to global memory.  The launch is checked by strata_k_check. */
+template <typename... P, typename... A>
+static inline void strata_k_launch(const struct strata_gpu_ctx *ctx, void (*k)(P...), dim3 grid,
+                                   dim3 block, A... args)
+{
+#ifdef STRATA_GPU_CUDA
+    if (ctx->pdl) {
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        at[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = grid;
+        cfg.blockDim = block;
+        cfg.dynamicSmemBytes = 0;
+        cfg.stream = ctx->stream;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        (void)cudaLaunchKernelEx(&cfg, k, args...);
+        return;
+    }
+#endif
+    k<<<grid, block, 0, ctx->stream>>>(args...);
+}
 
 /* Fill info for device dev (runtime index after *_VISIBLE_DEVICES masking). */
 int strata_gpu_info_query(int dev, struct strata_gpu_info *info, struct strata_err *err);

@@ -31,6 +31,8 @@ __global__ void matvec_kernel(const uint8_t *__restrict__ w, const uint8_t *__re
                               const float *__restrict__ x, int64_t x_stride, float *y,
                               int64_t y_stride, const float *add)
 {
+    strata_pdl_wait();
+    strata_pdl_trigger();
     int lane = threadIdx.x % warpSize;
     int r0 = (blockIdx.x * (blockDim.x / warpSize) + threadIdx.x / warpSize) * MV_RPW;
     int s = blockIdx.y;
@@ -107,11 +109,11 @@ int strata_k_matvec(struct strata_gpu_ctx *ctx, const struct strata_k_mv_args *a
 #define CASE(T)                                                                               \
     case T:                                                                                   \
         if (a->glu)                                                                           \
-            matvec_kernel<T, true><<<grid, block, 0, ctx->stream>>>(                          \
+            strata_k_launch(ctx, matvec_kernel<T, true>, grid, block,                        \
                 wp, up, w->nb1, w->nb2, (int)w->ne0, (int)w->ne1, a->ids, a->x_group, a->x,   \
                 a->x_stride, a->y, a->y_stride, a->add);                                      \
         else                                                                                  \
-            matvec_kernel<T, false><<<grid, block, 0, ctx->stream>>>(                         \
+            strata_k_launch(ctx, matvec_kernel<T, false>, grid, block,                       \
                 wp, up, w->nb1, w->nb2, (int)w->ne0, (int)w->ne1, a->ids, a->x_group, a->x,   \
                 a->x_stride, a->y, a->y_stride, a->add);                                      \
         break;

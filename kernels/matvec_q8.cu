@@ -96,6 +96,8 @@ __global__ void quantize_q8_kernel(const float *x, int64_t x_stride, int n, int 
                                    uint8_t *yq, size_t yq_row)
 {
     __shared__ float scratch[STRATA_GPU_MAX_WARP];
+    strata_pdl_wait();
+    strata_pdl_trigger();
     norm_q8_row<false>(x + (int64_t)blockIdx.x * x_stride, n, norm, w, eps,
                        y ? y + (int64_t)blockIdx.x * n : NULL, yq + blockIdx.x * yq_row, scratch);
 }
@@ -111,8 +113,8 @@ int strata_k_quantize_q8(struct strata_gpu_ctx *ctx, const float *x, int64_t x_s
     if ((uintptr_t)yq & 15 || (uintptr_t)y & 15)
         return strata_k_err(err, STRATA_E_INVALID, "quantize_q8: output not 16-byte aligned");
     dim3 grid((unsigned)n_rows), block(STRATA_GPU_BLOCK);
-    quantize_q8_kernel<<<grid, block, 0, ctx->stream>>>(x, x_stride, n, norm, w, eps, y,
-                                                        (uint8_t *)yq, strata_k_q8_row_bytes(n));
+    strata_k_launch(ctx, quantize_q8_kernel, grid, block, x, x_stride, n, norm, w, eps, y,
+                    (uint8_t *)yq, strata_k_q8_row_bytes(n));
     return strata_k_check(ctx, "quantize_q8_kernel", grid, block, err, "n=%d n_rows=%d norm=%d",
                           n, n_rows, norm);
 }
@@ -293,6 +295,8 @@ struct mvq_params {
 template <int T, int MODE, int R>
 __global__ void __launch_bounds__(512) mvq_kernel(struct mvq_params p)
 {
+    strata_pdl_wait();
+    strata_pdl_trigger();
     const int tpr = p.tpr, gl = threadIdx.x % tpr;
     const int grp = threadIdx.x / tpr, groups = blockDim.x / tpr;
     const int r0 = (blockIdx.x * groups + grp) * R;
@@ -401,9 +405,10 @@ int strata_k_matvec_q8_supported(uint32_t type)
 }
 
 template <int T, int MODE, int R>
-static void mvq_launch(dim3 grid, dim3 block, cudaStream_t st, const struct mvq_params &p)
+static void mvq_launch(dim3 grid, dim3 block, const struct strata_gpu_ctx *ctx,
+                       const struct mvq_params &p)
 {
-    mvq_kernel<T, MODE, R><<<grid, block, 0, st>>>(p);
+    strata_k_launch(ctx, mvq_kernel<T, MODE, R>, grid, block, p);
 }
 
 int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_args *a,
@@ -483,13 +488,13 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
 #define CASE(T)                                                                               \
     case T:                                                                                   \
         if (mode == STRATA_K_MVQ_GLU)                                                         \
-            mvq_launch<T, STRATA_K_MVQ_GLU, 2>(grid, block, ctx->stream, p);                  \
+            mvq_launch<T, STRATA_K_MVQ_GLU, 2>(grid, block, ctx, p);                  \
         else if (mode == STRATA_K_MVQ_COMBINE)                                                \
-            mvq_launch<T, STRATA_K_MVQ_COMBINE, 1>(grid, block, ctx->stream, p);              \
+            mvq_launch<T, STRATA_K_MVQ_COMBINE, 1>(grid, block, ctx, p);              \
         else if (R == 2)                                                                      \
-            mvq_launch<T, STRATA_K_MVQ_PLAIN, 2>(grid, block, ctx->stream, p);                \
+            mvq_launch<T, STRATA_K_MVQ_PLAIN, 2>(grid, block, ctx, p);                \
         else                                                                                  \
-            mvq_launch<T, STRATA_K_MVQ_PLAIN, 1>(grid, block, ctx->stream, p);                \
+            mvq_launch<T, STRATA_K_MVQ_PLAIN, 1>(grid, block, ctx, p);                \
         break;
         CASE(KT_Q4_K)
         CASE(KT_Q5_K)

@@ -84,6 +84,8 @@ __global__ void moe_router_topk_kernel(const float *__restrict__ rw, const float
 {
     __shared__ float p[ROUTE_MAX_EXPERT];
     __shared__ int last;
+    strata_pdl_wait();
+    strata_pdl_trigger();
     const int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
     const int t = blockIdx.y, e = blockIdx.x * (blockDim.x / warpSize) + wid;
     if (e < n_expert) {
@@ -135,9 +137,8 @@ int strata_k_moe_router_topk(struct strata_gpu_ctx *ctx, const struct strata_k_w
                             n_expert, n_tok, k, ROUTE_MAX_EXPERT);
     int per = 128 / ctx->info.warp_size;
     dim3 grid((unsigned)((n_expert + per - 1) / per), (unsigned)n_tok), block(128);
-    moe_router_topk_kernel<<<grid, block, 0, ctx->stream>>>((const float *)rw->data, x, n,
-                                                            n_expert, logits, counter, k, norm,
-                                                            scale, ids, w);
+    strata_k_launch(ctx, moe_router_topk_kernel, grid, block, (const float *)rw->data, x, n,
+                    n_expert, logits, counter, k, norm, scale, ids, w);
     return strata_k_check(ctx, "moe_router_topk_kernel", grid, block, err,
                           "n=%d n_expert=%d n_tok=%d k=%d", n, n_expert, n_tok, k);
 }

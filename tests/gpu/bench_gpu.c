@@ -2,7 +2,8 @@
  * (lib/synth.h), as llama-bench measures them: pp = one prompt of P tokens from an
  * empty kv cache, tg = T single-token decode steps from an empty kv cache.
  *
- *   bench_gpu [--shape S] [--layers N] [--ftype F] [--pp P] [--tg T] [--reps R] [--ab VAR]
+ *   bench_gpu [--shape S] [--layers N] [--ftype F] [--pp P] [--tg T] [--reps R]
+ *             [--ab VAR[,VAR...]]
  *
  * Prints tokens/s (median of R runs) next to the bandwidth floor of decoding: the
  * bytes of weights one token reads (strata_model_active_bytes) over the device's
@@ -122,14 +123,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_gpu: %s\n", err.msg);
         return 1;
     }
-    /* --ab VAR: the same measurement with VAR=1 in the environment first (e.g.
-     * STRATA_NO_MVQ: float-activation mat-vec), then as the environment is */
-    if (ab) {
-        char label[128];
-        snprintf(label, sizeof label, "[%s=1] ", ab);
-        setenv(ab, "1", 1);
+    /* --ab VAR[,VAR...]: the same measurement with each VAR=1 in the environment in
+     * turn (e.g. STRATA_NO_MVQ: float-activation mat-vec), then as the environment is */
+    for (const char *v = ab; v && *v && !rc;) {
+        char name[64], label[80];
+        size_t len = strcspn(v, ",");
+        snprintf(name, sizeof name, "%.*s", (int)(len < sizeof name ? len : sizeof name - 1), v);
+        snprintf(label, sizeof label, "[%s=1] ", name);
+        setenv(name, "1", 1);
         rc = bench_one(g, pp, tg, reps, label);
-        unsetenv(ab);
+        unsetenv(name);
+        v += len + (v[len] == ',');
     }
     if (!rc)
         rc = bench_one(g, pp, tg, reps, "");
