@@ -696,6 +696,7 @@ static int spec_open(const struct opts *o, struct strata_engine *e, struct strat
         struct strata_engine_opts eo = o->eo;
         eo.n_ctx = strata_engine_n_ctx(e);
         eo.pack = NULL;
+        eo.pool = strata_engine_pool(e); /* the two take turns: one set of workers */
         if ((rc = strata_engine_open(de, o->draft, &eo, err))) {
             strata_err_wrap(err, "draft model '%s': ", o->draft);
             return rc;

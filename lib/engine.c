@@ -1266,7 +1266,9 @@ int strata_engine_open_gguf(struct strata_engine **out, const struct strata_gguf
         e->ops = e->o.backend_ops;
     else if ((rc = strata_engine_find_backend(e->o.backend, &e->ops, err)))
         goto out;
-    if ((rc = strata_pool_create(&e->pool, e->o.n_threads, err)))
+    if (e->o.pool)
+        e->pool = e->o.pool;
+    else if ((rc = strata_pool_create(&e->pool, e->o.n_threads, err)))
         goto out;
     e->o.n_threads = strata_pool_n_threads(e->pool);
     e->hist = calloc((size_t)e->o.n_ctx, sizeof *e->hist);
@@ -1306,7 +1308,8 @@ void strata_engine_close(struct strata_engine *e)
         return;
     if (e->ops && e->bstate)
         e->ops->free(e->bstate);
-    strata_pool_free(e->pool);
+    if (!e->o.pool)
+        strata_pool_free(e->pool);
     strata_model_free(e->m);
     free(e->hist);
     strata_gguf_close(e->owned_g);

@@ -52,6 +52,11 @@ struct strata_engine_opts {
     void (*route_trace)(void *ctx, int il, int32_t pos0, int n_tok, int n_expert_used,
                         const int32_t *sel);
     void *route_trace_ctx;
+    /* A worker pool to share (not owned; must outlive the engine; n_threads is then its
+     * size), or NULL: the engine makes its own.  Engines that share a pool must not run
+     * at the same time - a speculative draft model and its target take turns, and one
+     * pool keeps the idle one's spinning workers off the busy one's cores. */
+    struct strata_pool *pool;
 };
 
 /* Fill o with the defaults above. */
