@@ -35,10 +35,16 @@ static __device__ __forceinline__ int q8_quant(float v, float *d)
     return *d > 0.0f ? __float2int_rn(v / *d) : 0;
 }
 
-/* x[i]; VOL: a volatile read, for rows other blocks of the same launch wrote */
+/* x[i]; VOL: for rows other blocks of the same launch wrote, a read that bypasses the
+ * multiprocessor's L1 (NVIDIA: ld.global.cg, which the compiler may batch; elsewhere a
+ * volatile read) */
 template <bool VOL> static __device__ __forceinline__ float ldx(const float *x, int i)
 {
+#ifdef STRATA_GPU_CUDA
+    return VOL ? __ldcg(x + i) : x[i];
+#else
     return VOL ? ((const volatile float *)x)[i] : x[i];
+#endif
 }
 
 /* One row by the whole block: v = norm ? x * rsqrt(mean(x^2) + eps) * w : x, written
@@ -53,6 +59,7 @@ static __device__ void norm_q8_row(const float *x, int n, int norm, const float 
     float sc = 1.0f;
     if (norm) {
         float s = 0.0f;
+#pragma unroll 4
         for (int i = threadIdx.x; i < n; i += blockDim.x) {
             float v = ldx<VOL>(x, i);
             s = fmaf(v, v, s);
