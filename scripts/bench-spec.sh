@@ -3,7 +3,7 @@
 #
 #   scripts/bench-spec.sh [-b BINDIR] [-B BACKEND] [-t THREADS] [-m MODEL] [-d DRAFT]
 #                         [-s SHAPE[:LAYERS[:FTYPE]] | -S] [-x BENCH_SPEC] [-r REPS]
-#                         [-T "2 4 8"] [-a "GENERATE-ARGS"]
+#                         [-T "2 4 8"] [-a "GENERATE-ARGS"] [-g TOKENS] [-R REPS]
 #
 #   -b BINDIR   where strata-generate is, and bench_spec unless -x (default bin)
 #   -x PROGRAM  the bench_spec program (tests/bench/bench_spec.c; make bench-spec and
@@ -16,6 +16,8 @@
 #               built in memory by bench_spec, no file is written
 #   -S          skip the synthetic model
 #   -r REPS     runs per row, the median is shown (default 3)
+#   -g TOKENS   tokens per synthetic-model run (default 128); -R REPS its runs per row
+#               (default -r's)
 #   -a ARGS     more options for every strata-generate run (e.g. --no-selftest)
 #
 # Part 1 (strata-generate, MODEL): a code-editing prompt - the model reproduces a
@@ -37,8 +39,8 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
     BIN=$(dirname "$1") M=${2:-$M} D=${3:-$D} TH=${4:-$TH}
     set --
 fi
-BS= XA=
-while getopts "b:B:t:m:d:s:Sx:r:T:a:h" o; do
+BS= XA= SGEN=128 SREPS=
+while getopts "b:B:t:m:d:s:Sx:r:T:a:g:R:h" o; do
     case $o in
     b) BIN=$OPTARG ;;
     B) BE=$OPTARG ;;
@@ -50,8 +52,11 @@ while getopts "b:B:t:m:d:s:Sx:r:T:a:h" o; do
     x) BS=$OPTARG ;;
     r) REPS=$OPTARG ;;
     a) XA=$OPTARG ;;
+    g) SGEN=$OPTARG ;;
+    R) SREPS=$OPTARG ;;
     T) TS=$OPTARG ;;
-    *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    h) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
 done
 G=$BIN/strata-generate
@@ -144,6 +149,6 @@ done
 [ -n "$BS" ] || BS=$BIN/bench_spec
 [ -x "$BS" ] || { echo "# no bench_spec program ($BS; make bench-spec builds it)"; exit 0; }
 IFS=: read -r shape layers ftype <<<"$SYN"
-echo "# synthetic $shape, ${layers:-12} layers, ${ftype:-Q4_K_M}: 64 prompt ids, 128 tokens"
+echo "# synthetic $shape, ${layers:-12} layers, ${ftype:-Q4_K_M}: 64 prompt ids, $SGEN tokens"
 "$BS" --synth "$shape" --layers "${layers:-12}" --ftype "${ftype:-Q4_K_M}" --backend "$BE" \
-    -t "$TH" --reps "$REPS" --spec "$TS"
+    -t "$TH" --reps "${SREPS:-$REPS}" --gen "$SGEN" --spec "$TS"

@@ -57,8 +57,8 @@ fi
 if [ "$stage" != tests ]; then
     th=${BENCH_THREADS:-16}
     syn=${BENCH_SPEC_SYNTH:-qwen3-30b-a3b:12:Q4_K_M}
-    timeout 300 scripts/bench-spec.sh -b "$st/bin" -x "$st/bin/bench_spec" -B cpu -t "$th" -s "$syn" \
-        >"$out/bench-spec-cpu.txt" 2>&1 || rc=1
+    timeout 300 scripts/bench-spec.sh -b "$st/bin" -x "$st/bin/bench_spec" -B cpu -t "$th" \
+        -s "$syn" -g 48 -R 1 >"$out/bench-spec-cpu.txt" 2>&1 || rc=1
     timeout 260 scripts/bench-spec.sh -b "$st/bin" -x "$st/bin/bench_spec" \
         -B "$STRATA_BACKEND" -t "$th" -s "$syn" -a --no-selftest >"$out/bench-spec-gpu.txt" 2>&1 ||
         rc=1

@@ -203,6 +203,7 @@ int main(int argc, char **argv)
            "draft", "T", "tok/s", "x T0", "accept", "tok/step", "ms/step", "same");
     printf("%-28s %-5s %3d  %-15s %2d  %8.1f %6.2f %7s %8s %8s %4s\n", name, be, thr,
            "none (plain)", 0, tps0, 1.0, "-", "1.00", "-", "yes");
+    fflush(stdout);
     const char *modes[] = {"oracle fixed", "ngram back-off", "wrong back-off", "wrong fixed"};
     const char *p = ts;
     while (*p && !rc) {
@@ -248,6 +249,7 @@ int main(int argc, char **argv)
             }
             printf("%-28s %-5s %3d  %-15s %2ld  %8.1f %6.2f %7s %8s %8s %4s\n", name, be, thr,
                    modes[m], T, tps, tps / tps0, acc, tstep, ms, same ? "yes" : "NO");
+            fflush(stdout); /* rows as they come: a run cut short keeps them */
             if (!same)
                 rc = 1;
         }
