@@ -100,18 +100,26 @@ STRATA_SYNC_DEBUG=1 gen tinycoder-moe-Q4_K_M.gguf "$P1" 64 "$T/sd" --spec 6 --sp
 check "$BE --spec 6: the same text with graphs, STRATA_NO_GRAPH=1 and STRATA_SYNC_DEBUG=1" \
     bash -c "test -s '$T/g' && cmp -s '$T/g' '$T/ng' && cmp -s '$T/g' '$T/sd'"
 
-# offloaded experts: the smallest budget (from 64 MiB up) whose plan keeps some, but
-# not all, routed experts out of VRAM
+# offloaded experts: the smallest budget (to 2 MiB) with which the engine runs, if the
+# backend's plan then keeps part of the routed experts out of VRAM (it logs when every
+# expert fits); a run succeeds from some budget on, so a doubling then a bisection
+runs_at() { # model budget
+    gen "$1" "def f(" 2 "$T/probe" --vram-budget-mib "$2" -c 512 --pcie-frac 1
+}
 budget_for() { # model -> the budget in MiB on stdout, or nothing
-    local b n
-    for b in $(seq 64 2 400); do
-        n=$("$G" -m "$M/$1" --plan-only --vram-budget-mib "$b" -c 512 2>&1 |
-            sed -n 's/.*routed experts .*(pinned; \([0-9]*\) not in VRAM).*/\1/p')
-        if [ -n "$n" ] && [ "$n" -gt 0 ]; then
-            echo "$b"
-            return
-        fi
+    local lo=32 hi=64 mid
+    while ! runs_at "$1" "$hi"; do
+        lo=$hi
+        hi=$((hi * 2))
+        [ "$hi" -le 8192 ] || return
     done
+    while [ $((hi - lo)) -gt 2 ]; do
+        mid=$(((lo + hi) / 4 * 2))
+        if runs_at "$1" "$mid"; then hi=$mid; else lo=$mid; fi
+    done
+    runs_at "$1" "$hi" || return
+    grep -q "every routed expert fits in VRAM" "$T/probe.err" && return
+    echo "$hi"
 }
 for q in Q4_K_M IQ2_XS; do
     b=$(budget_for tinycoder-moe-$q.gguf)
