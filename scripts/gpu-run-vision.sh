@@ -5,7 +5,8 @@
 # and the reference patches, compared with --backend cpu, the loopback helper on the
 # GPU, and the error paths (no device, a device that does not exist).
 # Logs go under $OUT (default ./gpu-out); a summary goes to stdout; exit 1 if a check
-# failed.  Pack it with:
+# failed.  The programs are unpacked into $STRATA_DEV (default /tmp/strata-dev, as
+# gpu-run.sh does).  Pack it with:
 #   make B=BUILD cuda gpu-tests CUDA_ARCHS=90
 #   scripts/gpu-devrun.sh BUILD bin/cuda models/mmproj-tinyvl-F16.gguf \
 #       images/img-astronaut.png ref/tinyvl-hf-reference.json \
@@ -14,7 +15,7 @@ set -u
 root=$(pwd)
 out=${OUT:-$root/gpu-out}
 mkdir -p "$out"
-st=/tmp/strata-dev
+st=${STRATA_DEV:-/tmp/strata-dev}
 rm -rf "$st" && mkdir -p "$st" && tar -C "$st" -xJf devrun/bin.tar.xz || exit 1
 export LD_LIBRARY_PATH=$st/lib:/usr/local/cuda/lib64
 export STRATA_FIXTURES=$root/devrun/fixtures
@@ -74,7 +75,6 @@ EOF
 }
 
 # 2. strata-embed on both backends
-python3 -c 'from PIL import Image' 2>/dev/null && have_pil=1 || have_pil=0
 for what in astronaut pv; do
     for b in "$B" cpu; do
         if [ $what = pv ]; then
@@ -100,9 +100,20 @@ for what in astronaut pv; do
     fi
 done
 
-# a non-square image of another size, when PIL can make one
-if [ $have_pil = 1 ]; then
-    python3 -c "from PIL import Image; Image.open('$IMG').convert('RGB').resize((333, 190)).save('$out/wide.png')"
+# a non-square image of another size: a PNG written with python3's zlib
+if python3 - "$out/wide.png" <<'EOF'
+import struct, sys, zlib
+w, h = 333, 190
+raw = b''.join(b'\0' + bytes(v for x in range(w)
+                             for v in (x * 255 // w, y * 255 // h, (x ^ y) & 255))
+               for y in range(h))
+def chunk(t, d):
+    return struct.pack('>I', len(d)) + t + d + struct.pack('>I', zlib.crc32(t + d))
+open(sys.argv[1], 'wb').write(b'\x89PNG\r\n\x1a\n' +
+    chunk(b'IHDR', struct.pack('>IIBBBBB', w, h, 8, 2, 0, 0, 0)) +
+    chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b''))
+EOF
+then
     for b in "$B" cpu; do
         "$E" -m "$M" --backend "$b" -o "$out/wide-$b.emb" "$out/wide.png" 2>"$out/embed-wide-$b.log"
         check "strata-embed --backend $b (333x190): exit 0" test $? -eq 0
