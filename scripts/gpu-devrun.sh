@@ -15,7 +15,8 @@ mkdir -p "$d"/stage/bin "$d"/stage/lib "$d"/fixtures
 for f in "$bindir"/strata-* "$b"/gpu-tests/*; do
     [ -x "$f" ] && strip -o "$d/stage/bin/$(basename "$f")" "$f"
 done
-ldd "$d"/stage/bin/strata-generate | awk '$3 ~ /^\// {print $3}' |
+# every program's libraries (strata-serve and strata-embed need libmicrohttpd too)
+for f in "$d"/stage/bin/*; do ldd "$f" 2>/dev/null; done | awk '$3 ~ /^\// {print $3}' | sort -u |
     grep -v -E 'lib(c|m|dl|rt|pthread|stdc\+\+|gcc_s)\.so' |
     while read -r l; do cp -L "$l" "$d"/stage/lib/; done
 tar -C "$d"/stage -cJf "$d"/bin.tar.xz bin lib
