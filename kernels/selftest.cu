@@ -529,6 +529,255 @@ static int c_rms_norm(int dev, int arg, char *shapes, size_t sc, char *msg, size
     return st_end(&s);
 }
 
+/* q8 rows (kernels.h: n int8 quants, then n / 32 float32 scales) to floats. */
+static void st_q8_dequant(const uint8_t *q, int64_t n, int rows, float *out)
+{
+    size_t rb = strata_k_q8_row_bytes(n);
+    for (int r = 0; r < rows; r++) {
+        const int8_t *qs = (const int8_t *)(q + rb * r);
+        const float *d = (const float *)(q + rb * r + n);
+        for (int64_t i = 0; i < n; i++)
+            out[r * n + i] = d[i / 32] * qs[i];
+    }
+}
+
+/* RMSNorm fused with the 8-bit quantisation of the decode mat-vec's activations. */
+static int c_quantize_q8(int dev, int arg, char *shapes, size_t sc, char *msg, size_t mc)
+{
+    (void)arg;
+    struct st s;
+    int n = 320, rows = 3;
+    size_t rb = strata_k_q8_row_bytes(n);
+    snprintf(shapes, sc, "n=%d rows=%d norm", n, rows);
+    st_begin(&s, dev, msg, mc);
+    float *x = (float *)st_host(&s, sizeof(float) * n * rows);
+    float *w = (float *)st_host(&s, sizeof(float) * n);
+    float *ref = (float *)st_host(&s, sizeof(float) * n * rows);
+    float *got = (float *)st_host(&s, sizeof(float) * n * rows);
+    float *deq = (float *)st_host(&s, sizeof(float) * n * rows);
+    uint8_t *q = (uint8_t *)st_host(&s, rb * rows);
+    if (s.rc)
+        return st_end(&s);
+    kt_fill(x, (size_t)n * rows, 3.0f);
+    kt_fill(w, n, 1.0f);
+    for (int r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int i = 0; i < n; i++)
+            ss += (double)x[r * n + i] * x[r * n + i];
+        double sc2 = 1.0 / sqrt(ss / n + 1e-6);
+        for (int i = 0; i < n; i++)
+            ref[r * n + i] = (float)(x[r * n + i] * sc2 * w[i]);
+    }
+    float *dx = (float *)st_up(&s, x, sizeof(float) * n * rows);
+    float *dw = (float *)st_up(&s, w, sizeof(float) * n);
+    float *dy = (float *)st_dev(&s, sizeof(float) * n * rows);
+    void *dq = st_dev(&s, rb * rows);
+    if (!s.rc) {
+        struct strata_err err = {0, ""};
+        int rc = strata_k_quantize_q8(&s.ctx, dx, n, n, rows, 1, dw, 1e-6f, dy, dq, &err);
+        st_launched(&s, "quantize_q8", rc, &err, dq, rb * rows);
+    }
+    st_down(&s, got, dy, sizeof(float) * n * rows);
+    st_down(&s, q, dq, rb * rows);
+    st_compare(&s, "quantize_q8 (normed rows)", got, ref, (size_t)n * rows, 1e-6, 1e-5);
+    if (s.rc)
+        return st_end(&s);
+    /* each value within half a quantisation step of the normed row */
+    st_q8_dequant(q, n, rows, deq);
+    for (int r = 0; r < rows && !s.rc; r++)
+        for (int b = 0; b < n / 32 && !s.rc; b++) {
+            float mx = 0;
+            for (int i = b * 32; i < b * 32 + 32; i++)
+                mx = fmaxf(mx, fabsf(got[r * n + i]));
+            float d = ((const float *)(q + rb * r + n))[b];
+            if (!(fabsf(d - mx / 127) <= 1e-6f * mx + 1e-30f))
+                st_fail(&s, STRATA_SELFTEST_WRONG,
+                        "quantize_q8: row %d block %d scale %g, expected %g", r, b, d, mx / 127);
+            for (int i = b * 32; i < b * 32 + 32 && !s.rc; i++)
+                if (!(fabsf(deq[r * n + i] - got[r * n + i]) <= 0.5001f * d + 1e-30f))
+                    st_fail(&s, STRATA_SELFTEST_WRONG,
+                            "quantize_q8: row %d value %d is %g, the normed value %g", r, i,
+                            deq[r * n + i], got[r * n + i]);
+        }
+    return st_end(&s);
+}
+
+/* The 8-bit mat-vec (type: Q4_K, Q5_K, Q6_K, Q8_0) in its three modes: plain, the
+ * experts' SwiGLU, and the experts' down projection with the weighted combine and a
+ * residual, against double sums over the q8 activations the GPU made. */
+static int c_matvec_q8(int dev, int type, char *shapes, size_t sc, char *msg, size_t mc)
+{
+    struct st s;
+    int64_t ne0 = 512, ne1 = 40;
+    int n_exp = 3, k = 2, n_tok = 2, n_x = n_tok * k;
+    int32_t ids[4] = {2, 0, 1, 2};
+    float cw[4] = {0.7f, 0.3f, 0.25f, 0.75f};
+    size_t xrb = strata_k_q8_row_bytes(ne0);
+    snprintf(shapes, sc, "%s [%lld x %lld] x%d experts, %d tokens, k=%d; plain, glu, combine",
+             strata_ggml_type_name(type), (long long)ne0, (long long)ne1, n_exp, n_tok, k);
+    st_begin(&s, dev, msg, mc);
+    struct st_w w, u;
+    st_weights(&s, &w, type, ne0, ne1, n_exp, 0);
+    st_weights(&s, &u, type, ne0, ne1, n_exp, 0);
+    float *x = (float *)st_host(&s, sizeof(float) * ne0 * n_x);
+    float *xf = (float *)st_host(&s, sizeof(float) * ne0 * n_x);
+    uint8_t *xq = (uint8_t *)st_host(&s, xrb * n_x);
+    float *add = (float *)st_host(&s, sizeof(float) * ne1 * n_tok);
+    float *ref = (float *)st_host(&s, sizeof(float) * ne1 * 8);
+    float *got = (float *)st_host(&s, sizeof(float) * ne1 * 8);
+    if (s.rc)
+        return st_end(&s);
+    kt_fill(x, ne0 * n_x, 1.0f);
+    kt_fill(add, ne1 * n_tok, 1.0f);
+    float *dx = (float *)st_up(&s, x, sizeof(float) * ne0 * n_x);
+    void *dxq = st_dev(&s, xrb * n_x);
+    if (!s.rc) {
+        struct strata_err err = {0, ""};
+        int rc = strata_k_quantize_q8(&s.ctx, dx, ne0, (int)ne0, n_x, 0, NULL, 0.0f, NULL, dxq,
+                                      &err);
+        st_launched(&s, "quantize_q8", rc, &err, dxq, xrb * n_x);
+    }
+    st_down(&s, xq, dxq, xrb * n_x);
+    if (s.rc)
+        return st_end(&s);
+    st_q8_dequant(xq, ne0, n_x, xf);
+    /* outputs: plain [2 rows] at 0, glu [4 slots] at 2, combine [2 tokens] at 6 */
+    double max_mag = 0;
+    for (int m = 0; m < 3; m++) {
+        int rows = m == 1 ? 4 : 2, at = m == 0 ? 0 : m == 1 ? 2 : 6;
+        for (int t = 0; t < rows; t++)
+            for (int64_t r = 0; r < ne1; r++) {
+                double v = m == 2 ? add[t * ne1 + r] : 0, mag = 0;
+                for (int j = 0; j < (m == 2 ? k : 1); j++) {
+                    int sl = m == 2 ? t * k + j : t;
+                    int e = m == 0 ? 0 : ids[sl];
+                    const float *xs = xf + (m == 1 ? sl / k : sl) * ne0;
+                    const float *wr = w.f + ((int64_t)e * ne1 + r) * ne0;
+                    const float *ur = u.f + ((int64_t)e * ne1 + r) * ne0;
+                    double a = 0, b = 0, mj = 0;
+                    for (int64_t i = 0; i < ne0; i++) {
+                        a += (double)wr[i] * xs[i];
+                        b += (double)ur[i] * xs[i];
+                        mj += fabs((double)wr[i] * xs[i]) + fabs((double)ur[i] * xs[i]);
+                    }
+                    v += m == 1 ? st_silu(a) * b : m == 2 ? cw[sl] * a : a;
+                    mag += mj;
+                }
+                ref[(at + t) * ne1 + r] = (float)v;
+                max_mag = fmax(max_mag, mag);
+            }
+    }
+    int32_t *dids = (int32_t *)st_up(&s, ids, sizeof(ids));
+    float *dcw = (float *)st_up(&s, cw, sizeof(cw));
+    float *dy = (float *)st_dev(&s, sizeof(float) * ne1 * 8);
+    if (!s.rc)
+        ST_RT(&s, cudaMemcpy(dy + 6 * ne1, add, sizeof(float) * ne1 * n_tok,
+                             cudaMemcpyHostToDevice));
+    static const char *const names[3] = {"matvec_q8 plain", "matvec_q8 glu", "matvec_q8 combine"};
+    for (int m = 0; m < 3 && !s.rc; m++) {
+        struct strata_k_mvq_args a;
+        memset(&a, 0, sizeof(a));
+        a.w = &w.kw;
+        a.up = m == 1 ? &u.kw : NULL;
+        a.mode = m == 0 ? STRATA_K_MVQ_PLAIN : m == 1 ? STRATA_K_MVQ_GLU : STRATA_K_MVQ_COMBINE;
+        a.ids = m == 0 ? NULL : dids;
+        a.n_slot = m == 1 ? 4 : 2;
+        a.x_group = m == 1 ? k : 1;
+        a.k = k;
+        a.cw = dcw;
+        a.xq = dxq;
+        a.y = dy + (m == 0 ? 0 : m == 1 ? 2 : 6) * ne1;
+        a.y_stride = ne1;
+        a.add = m == 2 ? a.y : NULL;
+        struct strata_err err = {0, ""};
+        int rc = strata_k_matvec_q8(&s.ctx, &a, &err);
+        st_launched(&s, names[m], rc, &err, a.y, sizeof(float) * ne1 * a.n_slot);
+    }
+    st_down(&s, got, dy, sizeof(float) * ne1 * 8);
+    st_compare(&s, "matvec_q8", got, ref, ne1 * 8, 1e-5 * max_mag + 1e-6, 1e-4);
+    return st_end(&s);
+}
+
+/* The router (F32 weights) and its top-k routing in one launch: logits against double
+ * sums, ids and weights against the route reference on the logits the GPU made. */
+static int c_router_topk(int dev, int arg, char *shapes, size_t sc, char *msg, size_t mc)
+{
+    (void)arg;
+    struct st s;
+    int n = 256, n_expert = 24, k = 4, n_tok = 2;
+    snprintf(shapes, sc, "n=%d n_expert=%d k=%d n_tok=%d norm=1", n, n_expert, k, n_tok);
+    st_begin(&s, dev, msg, mc);
+    struct st_w rw;
+    st_weights(&s, &rw, STRATA_TYPE_F32, n, n_expert, 1, 0);
+    float *x = (float *)st_host(&s, sizeof(float) * n * n_tok);
+    float *lref = (float *)st_host(&s, sizeof(float) * n_expert * n_tok);
+    float *lg = (float *)st_host(&s, sizeof(float) * n_expert * n_tok);
+    int32_t *gid = (int32_t *)st_host(&s, 4 * n_tok * k), *rid = (int32_t *)st_host(&s, 4 * n_tok * k);
+    float *gw = (float *)st_host(&s, 4 * n_tok * k), *wref = (float *)st_host(&s, 4 * n_tok * k);
+    if (s.rc)
+        return st_end(&s);
+    kt_fill(x, (size_t)n * n_tok, 1.0f);
+    double max_mag = 0;
+    for (int t = 0; t < n_tok; t++)
+        for (int e = 0; e < n_expert; e++) {
+            double a = 0, mag = 0;
+            for (int i = 0; i < n; i++) {
+                a += (double)rw.f[e * n + i] * x[t * n + i];
+                mag += fabs((double)rw.f[e * n + i] * x[t * n + i]);
+            }
+            lref[t * n_expert + e] = (float)a;
+            max_mag = fmax(max_mag, mag);
+        }
+    float *dx = (float *)st_up(&s, x, sizeof(float) * n * n_tok);
+    float *dl = (float *)st_dev(&s, sizeof(float) * n_expert * n_tok);
+    float *dw = (float *)st_dev(&s, 4 * n_tok * k);
+    int32_t *di = (int32_t *)st_dev(&s, 4 * n_tok * k);
+    int *dc = (int *)st_dev(&s, sizeof(int) * n_tok);
+    if (!s.rc)
+        ST_RT(&s, cudaMemset(dc, 0, sizeof(int) * n_tok));
+    if (!s.rc) {
+        struct strata_err err = {0, ""};
+        int rc = strata_k_moe_router_topk(&s.ctx, &rw.kw, dx, n_tok, dl, dc, k, 1, 1.0f, di, dw,
+                                          &err);
+        st_launched(&s, "moe_router_topk", rc, &err, dw, 4 * n_tok * k);
+    }
+    st_down(&s, lg, dl, sizeof(float) * n_expert * n_tok);
+    st_down(&s, gid, di, 4 * n_tok * k);
+    st_down(&s, gw, dw, 4 * n_tok * k);
+    st_compare(&s, "moe_router_topk logits", lg, lref, n_expert * n_tok, 1e-6 * max_mag + 1e-6,
+               1e-5);
+    if (s.rc)
+        return st_end(&s);
+    for (int t = 0; t < n_tok; t++) {
+        const float *l = lg + t * n_expert;
+        double mx = -1e300, sum = 0, sel = 0;
+        char used[64] = {0};
+        for (int e = 0; e < n_expert; e++)
+            mx = fmax(mx, l[e]);
+        for (int e = 0; e < n_expert; e++)
+            sum += exp(l[e] - mx);
+        for (int j = 0; j < k; j++) {
+            int b = -1;
+            for (int e = 0; e < n_expert; e++)
+                if (!used[e] && (b < 0 || l[e] > l[b]))
+                    b = e;
+            used[b] = 1;
+            rid[t * k + j] = b;
+            wref[t * k + j] = (float)(exp(l[b] - mx) / sum);
+            sel += wref[t * k + j];
+        }
+        for (int j = 0; j < k; j++)
+            wref[t * k + j] = (float)(wref[t * k + j] / sel);
+    }
+    for (int i = 0; i < n_tok * k && !s.rc; i++)
+        if (gid[i] != rid[i])
+            st_fail(&s, STRATA_SELFTEST_WRONG,
+                    "moe_router_topk: expert id %d of token %d is %d, the reference chose %d",
+                    i % k, i / k, gid[i], rid[i]);
+    st_compare(&s, "moe_router_topk weights", gw, wref, n_tok * k, 1e-6, 1e-5);
+    return st_end(&s);
+}
+
 /* RoPE with q/k norms into the kv cache (arg: rope mode 0 or 2). */
 static int c_qkv(int dev, int mode, char *shapes, size_t sc, char *msg, size_t mc)
 {
@@ -954,6 +1203,8 @@ extern "C" const struct strata_selftest_table *strata_gpu_selftest_table(void)
     st_add(&n, "to_f16", 0, 0, c_elementwise, 1);
     st_add(&n, "dequant_f16", 0, 0, c_elementwise, 2);
     st_add(&n, "matmul grouped", STRATA_TYPE_Q4_K, 1, c_matmul_grouped, STRATA_TYPE_Q4_K);
+    st_add(&n, "quantize_q8", 0, 0, c_quantize_q8, 0);
+    st_add(&n, "moe_router_topk", 0, 0, c_router_topk, 0);
     for (int i = 0; i < KT_N_TYPES; i++) {
         uint32_t t = kt_all_types[i];
         if (!strata_k_type_supported(t))
@@ -961,6 +1212,8 @@ extern "C" const struct strata_selftest_table *strata_gpu_selftest_table(void)
         st_add(&n, "get_rows", t, 1, c_get_rows, (int)t);
         st_add(&n, "matvec", t, 1, c_matvec, (int)t);
         st_add(&n, "matmul", t, 1, c_matmul, (int)t);
+        if (strata_k_matvec_q8_supported(t))
+            st_add(&n, "matvec_q8", t, 1, c_matvec_q8, (int)t);
     }
     st_table.api = STRATA_GPU_RUNTIME_NAME;
     st_table.archs = STRATA_GPU_ARCHS;

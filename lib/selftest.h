@@ -18,7 +18,7 @@
 
 #include "err.h"
 
-#define STRATA_SELFTEST_MAX 96
+#define STRATA_SELFTEST_MAX 128
 
 /* One case's outcome. */
 struct strata_selftest_result {
