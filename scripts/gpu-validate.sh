@@ -1,0 +1,120 @@
+#!/bin/bash
+# gpu-validate.sh - the whole GPU validation of a build, in two stages that share one
+# GPU machine (the fixtures do not fit into one transfer):
+#
+#   scripts/gpu-validate.sh pack-a BUILD    here: programs, GPU tests and the first half
+#                                           of the fixtures into devrun-a/
+#   scripts/gpu-validate.sh pack-b          here: the second half into devrun-b/
+#   scripts/gpu-validate.sh a               there (carry devrun-a): stash both halves in
+#       /tmp/strata-fx; the probe (--quick, JSON), strata-serve on the GPU, the kernel
+#       self-test and kernel tests, the vision encoder (scripts/gpu-run-vision.sh)
+#   scripts/gpu-validate.sh b               there, on the same machine (carry devrun-b):
+#       golden tests, stories text, perplexities, speculative decoding, the expert cache's
+#       correctness matrix, and the benchmarks (decode/prefill, offload, speculation)
+#
+# BUILD is a build directory of `make B=BUILD BINDIR=BUILD/bin CUDA_ARCHS=90 cuda
+# gpu-tests`.  Logs go to /tmp/strata-val/STAGE and come back as $OUT/STAGE.tar.gz with
+# a summary on stdout.
+set -u
+stage=${1:-}
+root=$(pwd)
+fx=${STRATA_FIXTURES:-$root/../shared/fixtures}
+case $stage in
+pack-a)
+    set -e
+    DEVRUN=devrun-a STRATA_FIXTURES=$fx scripts/gpu-devrun.sh "$2" "$2/bin/cuda" \
+        models/tinycoder-moe-Q8_0.gguf models/tinydraft-qwen3-F16.gguf \
+        models/mmproj-tinyvl-F16.gguf images/img-astronaut.png
+    cp -r "$fx/ref" devrun-a/fixtures/
+    du -sh devrun-a
+    exit 0 ;;
+pack-b)
+    set -e
+    rm -rf devrun-b && mkdir -p devrun-b/fixtures/models
+    for q in F16 IQ4_XS IQ2_XS IQ1_M; do
+        cp "$fx/models/tinycoder-moe-$q.gguf" devrun-b/fixtures/models/
+    done
+    du -sh devrun-b
+    exit 0 ;;
+a | b) ;;
+*) echo "usage: scripts/gpu-validate.sh pack-a BUILD | pack-b | a | b" >&2; exit 2 ;;
+esac
+
+F=/tmp/strata-fx
+st=/tmp/strata-dev
+log=/tmp/strata-val/$stage
+rm -rf "$log" && mkdir -p "$log"
+if [ "$stage" = a ]; then
+    rm -rf "$F" && mkdir -p "$F" && cp -r devrun-a/. "$F/" &&
+        cp tests/data/stories260K.gguf tests/data/tinycoder-moe-Q4_K_M.gguf "$F/fixtures/models/"
+else
+    [ -f "$F/bin.tar.xz" ] || { echo "stage b needs stage a on this machine first"; exit 1; }
+    cp devrun-b/fixtures/models/* "$F/fixtures/models/"
+fi
+rm -rf "$st" && mkdir -p "$st" && tar -C "$st" -xJf "$F/bin.tar.xz" || exit 1
+cb=$(python3 -c 'import nvidia.cublas,os;print(os.path.dirname(nvidia.cublas.__file__)+"/lib")' 2>/dev/null)
+export LD_LIBRARY_PATH=$st/lib:/usr/local/cuda/lib64${cb:+:$cb}
+export STRATA_BIN=$st/bin STRATA_ROOT=$root STRATA_FIXTURES=$F/fixtures STRATA_BACKEND=cuda
+rm -rf devrun && ln -s "$F" devrun # the scripts that read devrun/
+rc=0
+tap() { # name timeout command... : TAP to $log/name.tap, a count line, the failures
+    local name=$1 to=$2 s=$SECONDS
+    shift 2
+    timeout "$to" "$@" >"$log/$name.tap" 2>&1 || rc=1
+    echo "$name: $(grep -c '^ok' "$log/$name.tap") ok, $(grep -c '^not ok' "$log/$name.tap") not ok" \
+        "($((SECONDS - s)) s)"
+    grep -E '^not ok|^Bail' "$log/$name.tap" | head -12
+}
+
+if [ "$stage" = a ]; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    "$st/bin/strata-probe" --quick >"$log/probe.txt" 2>&1
+    echo "probe --quick: exit $?"
+    grep -E 'status|selftest|usable|this build' "$log/probe.txt"
+    # the server starts an engine on the GPU, which runs the self-test first
+    "$st/bin/strata-serve" -m "$F/fixtures/models/stories260K.gguf" --port 0 --backend cuda \
+        --engine "$st/bin/strata-generate" -v >"$log/serve.log" 2>&1 &
+    sp=$! port=
+    for _ in $(seq 150); do
+        port=$(sed -n 's/.*listening on [^ ]*:\([0-9][0-9]*\).*/\1/p' "$log/serve.log" | head -1)
+        [ -n "$port" ] && break
+        kill -0 $sp 2>/dev/null || break
+        sleep 0.2
+    done
+    curl -s "http://127.0.0.1:$port/health" >"$log/health.json"
+    curl -s -H 'Content-Type: application/json' "http://127.0.0.1:$port/v1/completions" \
+        -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":16,"temperature":0}' \
+        >"$log/completion.json"
+    kill $sp 2>/dev/null
+    wait $sp 2>/dev/null
+    echo "strata-serve --backend cuda: port ${port:-none}; health $(head -c 120 "$log/health.json")"
+    echo "  completion: $(head -c 300 "$log/completion.json")"
+    grep -q '"text"' "$log/completion.json" || { rc=1; tail -4 "$log/serve.log"; }
+    grep -i 'self-test' "$log/serve.log" | head -2
+    tap test_selftest 120 "$st/bin/test_selftest"
+    tap test_kernels 300 "$st/bin/test_kernels"
+    OUT=$log/vision timeout 200 bash scripts/gpu-run-vision.sh >"$log/vision.txt" 2>&1 || rc=1
+    echo "vision: $(grep -c '^ok' "$log/vision.txt") ok, $(grep -c '^not ok' "$log/vision.txt") not ok"
+    grep -E '^not ok|^# time|cosine|^test_vision' "$log/vision.txt" | head -16
+else
+    tap test_golden 300 "$st/bin/test_golden"
+    grep -E '^# .*(max abs|argmax)' "$log/test_golden.tap" | head -8
+    tap t0610-gpu-stories 120 bash tests/gpu/t0610-gpu-stories.sh
+    tap t0612-gpu-perplexity 300 bash tests/gpu/t0612-gpu-perplexity.sh
+    grep '# .*PPL' "$log/t0612-gpu-perplexity.tap"
+    tap t0900-gpu-spec 360 bash tests/gpu/t0900-gpu-spec.sh
+    tap test_expert_offload 200 "$st/bin/test_expert_offload"
+    grep -E '^# .*hit' "$log/test_expert_offload.tap" | head -6
+    timeout 200 "$st/bin/bench_gpu" --reps 3 >"$log/bench_gpu.txt" 2>&1 || rc=1
+    tail -4 "$log/bench_gpu.txt"
+    timeout 240 "$st/bin/bench_offload" ${BENCH_OFFLOAD_ARGS:---budget 25,50 --pcie-frac 1,auto --tg 128} \
+        >"$log/bench_offload.txt" 2>"$log/bench_offload.err" || rc=1
+    cat "$log/bench_offload.txt" | tail -20
+    timeout 200 scripts/bench-spec.sh -b "$st/bin" -x "$st/bin/bench_spec" -B cuda -t 16 -r 1 \
+        -g 64 -R 1 -a --no-selftest >"$log/bench-spec-gpu.txt" 2>&1 || rc=1
+    tail -24 "$log/bench-spec-gpu.txt"
+fi
+mkdir -p "${OUT:-$root/gpu-out}"
+tar -C /tmp/strata-val -czf "${OUT:-$root/gpu-out}/$stage.tar.gz" "$stage"
+echo "stage $stage: exit $rc"
+exit $rc
