@@ -96,12 +96,16 @@ const s = http.createServer((q, r) => {
   else { r.writeHead(404); r.end("no"); }
 });
 s.listen(0, "127.0.0.1", () => fs.writeFileSync(process.argv[2], String(s.address().port)));
-setTimeout(() => process.exit(0), 60000);
+setTimeout(() => process.exit(0), 600000); // killed below; only a leftover guard
 ' "$TMP/small.png" "$TMP/http.port" &
 HTTP_PID=$!
 for _ in $(seq 1 100); do [ -s "$TMP/http.port" ] && break; sleep 0.1; done
 start_server -m "$M" --mmproj "$P" --threads 2 --allow-image-urls
 ok $? "server starts with --allow-image-urls"
+for _ in $(seq 1 300); do # the vision helper warms up after the server listens
+    [ "$(curl -s "$URL/health" | jget o.images)" = true ] && break
+    sleep 0.1
+done
 post /v1/chat/completions "$(chat "$ID" "http://127.0.0.1:$(cat "$TMP/http.port")/small.png" "What is this?")" >"$TMP/r9"
 is "$(status)" 200 "an http image URL: 200"
 is "$(jget 'o.choices[0].message.content' <"$TMP/r9")" "$want" "an http image URL: the same answer as the data: URL"
