@@ -799,6 +799,14 @@ static int run_generate(struct opts *o, struct strata_engine *e, const struct st
         cJSON_AddStringToObject(j, "text", res.text);
         if (sp)
             spec_report(sp, j);
+        struct strata_expert_cache *ec = NULL;
+        struct strata_ec_times et;
+        if (strata_engine_expert_stats(e, &ec, &et)) {
+            /* per-layer hit rates, PCIe bytes and CPU experts per token, time split */
+            cJSON *x = (cJSON *)strata_ec_stats_json(ec, &et);
+            if (x)
+                cJSON_AddItemToObject(j, "experts", x);
+        }
         char *s = cJSON_PrintUnformatted(j);
         if (s)
             printf("%s\n", s);

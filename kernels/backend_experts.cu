@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 extern "C" {
+#include "expert_cpu.h"
 #include "ggml_types.h"
 #include "log.h"
 #include "matmul.h"
@@ -66,7 +67,8 @@ struct strata_gpu_ec {
     struct strata_ec_cfg cfg;
     struct strata_pool *pool, *own_pool;
     struct strata_expert_cache *ec;
-    int L, X, K, E, n_ff, n_ub, mv_max, first_moe;
+    int L, X, K, E, n_ff, n_ub, mv_max, first_moe, use_q8;
+    uint8_t *q8_ffn;             /* [L] mat-vec batches run the 8-bit kernels */
     int *next_moe;               /* [L] the next MoE layer, or -1 */
     struct strata_k_weight *gate_inp; /* [L] device routers */
     /* the slot pool: n_slots + n_staging records of rec bytes */
@@ -85,23 +87,30 @@ struct strata_gpu_ec {
     cudaStream_t copy;
     cudaEvent_t ev_copy, ev_round, ev_w0, ev_w1;
     int wait_pending;
+    int unwaited;               /* copies issued since the compute stream last waited */
     int32_t *pending;           /* slots FILLING until ev_copy completes */
     int n_pending;
     /* CPU experts */
     int cpu_possible;           /* pcie_frac < 1 (or auto) */
+    int route_uniform;          /* STRATA_EC_ROUTE=uniform (benchmarks) */
+    uint64_t rng;
     int frac_auto;
     double frac_decode;
     /* host buffers (pinned) */
     int32_t *h_ids, *h_arena;
     size_t arena_cap, arena_used;
     float *h_xn, *h_cpu, *h_rnext;
-    float *cx, *cg, *cu;        /* CPU scratch: [n_ub, E], [n_ub, n_ff] x 2 */
+    float *cx;                  /* CPU scratch: [n_ub, E] gathered inputs */
+    void *cwork;                /* strata_xcpu_ffn_work_bytes(E, n_ff, n_ub) */
+    struct strata_xcpu_expert *cex; /* [X] one layer's CPU experts */
+    int cpu_tok;                /* rows of cx: the tokens of a mat-vec batch at most */
     int32_t *list, *bufs;       /* [A] a round's assignments and their pool records */
     int32_t *cnt;               /* [n_slots + n_staging + 1] counting sort by record */
     int32_t *buf_of, *round_of; /* [X] */
     /* device scratch */
     int32_t *d_rids, *d_idx, *d_rc, *d_cidx;
     float *d_xg, *d_eoc, *d_cpu, *d_rnext;
+    void *d_xgq;                /* q8 rows of d_xg (8-bit mat-vec rounds) */
     int rows_c;                 /* rows of d_xg / d_eoc */
     /* statistics */
     double t_fwd_sync, t_cpu, t_copy_wait, t_moe;
@@ -299,6 +308,7 @@ static int copy_expert(struct strata_gpu_ec *gx, int il, int ie, int b, struct s
     }
     gx->bytes_copied += len[0] + len[1] + len[2];
     gx->n_copies++;
+    gx->unwaited++;
     return rc;
 }
 
@@ -331,6 +341,11 @@ static int poll_fills(struct strata_gpu_ec *gx, int wait, struct strata_err *err
 /* End a batch of copies: the compute stream waits for them (timed by ev_w0/ev_w1). */
 static int copies_then_compute(struct strata_gpu_ec *gx, struct strata_err *err)
 {
+    /* nothing in flight the compute stream has not waited for (a decode step whose
+     * experts all hit, with no prefetch since): no event, no wait */
+    if (!gx->unwaited)
+        return 0;
+    gx->unwaited = 0;
     int rc = call(gx, cudaEventRecord(gx->ev_copy, gx->copy), "cudaEventRecord", err);
     if (!rc && !gx->wait_pending)
         rc = call(gx, cudaEventRecord(gx->ev_w0, gx->ctx->stream), "cudaEventRecord", err);
@@ -391,7 +406,62 @@ out:
     return gbs;
 }
 
+/* GB/s of expert weights one decode token's CPU expert goes through (the first MoE
+ * layer's expert 0, the best of 3 runs after a warm one); -1 when it cannot run. */
+static double cpu_expert_rate(struct strata_gpu_ec *gx)
+{
+    const struct strata_layer *L = NULL;
+    int il = gx->first_moe;
+    if (il < 0)
+        return -1;
+    L = &gx->m->layers[il];
+    struct strata_mat wg = {L->ffn_gate_exps.type, L->ffn_gate_exps.ne[0], L->ffn_gate_exps.ne[1],
+                            L->ffn_gate_exps.nb1, host_part(gx, il, 0, 0)};
+    struct strata_mat wu = {L->ffn_up_exps.type, L->ffn_up_exps.ne[0], L->ffn_up_exps.ne[1],
+                            L->ffn_up_exps.nb1, host_part(gx, il, 0, 1)};
+    struct strata_mat wd = {L->ffn_down_exps.type, L->ffn_down_exps.ne[0],
+                            L->ffn_down_exps.ne[1], L->ffn_down_exps.nb1,
+                            host_part(gx, il, 0, 2)};
+    size_t wb = strata_xcpu_ffn_work_bytes(gx->E, wg.ne1, 1);
+    float *x = (float *)calloc((size_t)gx->E, sizeof(float));
+    float *y = (float *)malloc(sizeof(float) * (size_t)gx->E);
+    void *work = aligned_alloc(64, (wb + 63) / 64 * 64);
+    double best = -1;
+    struct strata_err err = {0, ""};
+    for (int i = 0; x && y && work && i < gx->E; i++)
+        x[i] = (float)((i * 37) % 17) / 17.0f - 0.5f;
+    for (int r = 0; x && y && work && r < 4; r++) {
+        double t0 = now_s();
+        if (strata_xcpu_ffn(gx->pool, &wg, &wu, &wd, 1, gx->q8_ffn[il], x, 1, y, work, &err))
+            break;
+        double dt = now_s() - t0;
+        if (r > 0 && (best < 0 || dt < best))
+            best = dt;
+    }
+    free(x);
+    free(y);
+    free(work);
+    return best > 0 ? (double)(gx->bg[il] + gx->bu[il] + gx->bd[il]) / best / 1e9 : -1;
+}
+
 /* ---- create / free ---- */
+
+void strata_gpu_ec_times(struct strata_gpu_ec *gx, int reset, struct strata_ec_times *t)
+{
+    collect_wait(gx);
+    if (reset) {
+        gx->t_moe = gx->t_fwd_sync = gx->t_copy_wait = gx->t_cpu = 0;
+        gx->bytes_copied = gx->n_copies = gx->n_cpu_experts = 0;
+        return;
+    }
+    t->moe_s = gx->t_moe;
+    t->gpu_s = gx->t_fwd_sync;
+    t->copy_wait_s = gx->t_copy_wait;
+    t->cpu_s = gx->t_cpu;
+    t->bytes_copied = gx->bytes_copied;
+    t->n_copies = gx->n_copies;
+    t->n_cpu_experts = gx->n_cpu_experts;
+}
 
 struct strata_expert_cache *strata_gpu_ec_cache(struct strata_gpu_ec *gx)
 {
@@ -455,7 +525,7 @@ void strata_gpu_ec_free(struct strata_gpu_ec *gx)
         if (hp[i])
             (void)cudaFreeHost(hp[i]);
     void *dp[] = {gx->pool_dev, gx->d_rids, gx->d_idx, gx->d_rc, gx->d_cidx,
-                  gx->d_xg, gx->d_eoc, gx->d_cpu, gx->d_rnext};
+                  gx->d_xg, gx->d_eoc, gx->d_cpu, gx->d_rnext, gx->d_xgq};
     for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
         if (dp[i])
             (void)cudaFree(dp[i]);
@@ -474,8 +544,9 @@ void strata_gpu_ec_free(struct strata_gpu_ec *gx)
     free(gx->bd);
     free(gx->pending);
     free(gx->cx);
-    free(gx->cg);
-    free(gx->cu);
+    free(gx->cwork);
+    free(gx->cex);
+    free(gx->q8_ffn);
     free(gx->list);
     free(gx->bufs);
     free(gx->cnt);
@@ -582,7 +653,17 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
     gx->E = (int)hp->n_embd;
     gx->n_ub = in->n_ub;
     gx->mv_max = in->mv_max;
+    gx->use_q8 = in->use_q8;
+    {
+        const char *rt = getenv("STRATA_EC_ROUTE");
+        gx->route_uniform = rt && !strcmp(rt, "uniform");
+        gx->rng = 0x9e3779b97f4a7c15ull;
+        if (gx->route_uniform)
+            strata_log_warn("STRATA_EC_ROUTE=uniform: routed experts are drawn at random "
+                            "(a benchmark of the cache's worst case; the output is meaningless)");
+    }
     gx->first_moe = -1;
+    gx->q8_ffn = (uint8_t *)calloc((size_t)gx->L, 1);
     gx->next_moe = (int *)calloc((size_t)gx->L, sizeof(int));
     gx->gate_inp = (struct strata_k_weight *)calloc((size_t)gx->L, sizeof *gx->gate_inp);
     gx->vg = (struct strata_k_weight *)calloc((size_t)gx->L, sizeof *gx->vg);
@@ -593,7 +674,7 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
     gx->bd = (size_t *)calloc((size_t)gx->L, sizeof(size_t));
     uint8_t *is_moe = (uint8_t *)calloc((size_t)gx->L, 1);
     if (!gx->next_moe || !gx->gate_inp || !gx->vg || !gx->vu || !gx->vd || !gx->bg || !gx->bu ||
-        !gx->bd || !is_moe) {
+        !gx->bd || !is_moe || !gx->q8_ffn) {
         rc = strata_k_err(err, STRATA_E_NOMEM, "out of memory");
         goto out;
     }
@@ -648,6 +729,11 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
             (rc = make_view(gx, &L->ffn_up_exps, gx->off_up, &gx->vu[il], err)) ||
             (rc = make_view(gx, &L->ffn_down_exps, gx->off_down, &gx->vd[il], err)))
             goto out;
+        /* the backend's ffn_q8 condition: the CPU experts follow the same choice */
+        const struct strata_k_weight *g = &gx->vg[il], *d = &gx->vd[il];
+        gx->q8_ffn[il] = gx->use_q8 && strata_k_matvec_q8_supported(g->type) &&
+                         strata_k_matvec_q8_supported(d->type) && g->ne1 % 32 == 0 &&
+                         g->ne1 == d->ne0;
     }
     if ((rc = call(gx, cudaStreamCreateWithFlags(&gx->copy, cudaStreamNonBlocking),
                    "cudaStreamCreate (expert copies)", err)) ||
@@ -680,14 +766,19 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
         char line[160];
         if (frac < 0) {
             double pcie = probe_h2d(gx);
-            double cpu = strata_probe_mem_read_gbs(64u << 20, strata_pool_n_threads(gx->pool));
+            double mem = strata_probe_mem_read_gbs(64u << 20, strata_pool_n_threads(gx->pool));
+            /* the CPU's share follows what its expert code achieves, not only what its
+             * memory could deliver */
+            double xr = cpu_expert_rate(gx);
+            double cpu = xr > 0 && (mem <= 0 || xr < mem) ? xr : mem;
             frac = strata_probe_pcie_frac(pcie, cpu);
             if (frac < 0)
                 frac = 1;
             gx->frac_auto = 1;
             strata_ec_fmt_probe(line, sizeof line, pcie, frac);
-            strata_log_info("%s (CPU experts: %d threads reading %.1f GB/s)", line,
-                            strata_pool_n_threads(gx->pool), cpu);
+            strata_log_info("%s (CPU experts: %d threads, %.1f GB/s of expert weights; "
+                            "memory reads %.1f GB/s)", line, strata_pool_n_threads(gx->pool),
+                            xr, mem);
         }
         gx->frac_decode = frac;
         gx->cpu_possible = frac < 1;
@@ -752,18 +843,29 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
             (rc = dev_alloc(gx, (void **)&gx->d_eoc, 4 * (size_t)gx->rows_c * gx->E,
                             "expert outputs", err)))
             goto out;
+        if (gx->use_q8) {
+            size_t rq = (size_t)gx->mv_max * gx->K < (size_t)gx->rows_c
+                            ? (size_t)gx->mv_max * gx->K : (size_t)gx->rows_c;
+            if ((rc = dev_alloc(gx, &gx->d_xgq, rq * strata_k_q8_row_bytes(gx->E),
+                                "8-bit expert inputs", err)))
+                goto out;
+        }
         if (gx->cpu_possible) {
-            gx->cx = (float *)malloc(4 * T * gx->E);
-            gx->cg = (float *)malloc(4 * T * gx->n_ff);
-            gx->cu = (float *)malloc(4 * T * gx->n_ff);
-            if (!gx->cx || !gx->cg || !gx->cu) {
+            /* CPU experts serve mat-vec batches only: mv_max tokens at most */
+            const size_t Tc = (size_t)gx->mv_max < T ? (size_t)gx->mv_max : T, Ac = Tc * gx->K;
+            gx->cpu_tok = (int)Tc;
+            gx->cx = (float *)malloc(4 * Tc * gx->E);
+            gx->cwork = aligned_alloc(64, (strata_xcpu_ffn_work_bytes(gx->E, gx->n_ff, (int)Tc) +
+                                           63) / 64 * 64);
+            gx->cex = (struct strata_xcpu_expert *)malloc(sizeof *gx->cex * (size_t)gx->X);
+            if (!gx->cx || !gx->cwork || !gx->cex) {
                 rc = strata_k_err(err, STRATA_E_NOMEM, "out of memory");
                 goto out;
             }
-            if ((rc = host_alloc((void **)&gx->h_xn, 4 * T * gx->E, "expert inputs", err)) ||
-                (rc = host_alloc((void **)&gx->h_cpu, 4 * A * gx->E, "CPU expert outputs",
+            if ((rc = host_alloc((void **)&gx->h_xn, 4 * Tc * gx->E, "expert inputs", err)) ||
+                (rc = host_alloc((void **)&gx->h_cpu, 4 * Ac * gx->E, "CPU expert outputs",
                                  err)) ||
-                (rc = dev_alloc(gx, (void **)&gx->d_cpu, 4 * A * gx->E, "CPU expert outputs",
+                (rc = dev_alloc(gx, (void **)&gx->d_cpu, 4 * Ac * gx->E, "CPU expert outputs",
                                 err)))
                 goto out;
         }
@@ -836,10 +938,86 @@ static int launch_rows(struct strata_gpu_ec *gx, const float *x, const int32_t *
                           block, err, "rows=%d n=%d", m, gx->E);
 }
 
+/* SwiGLU of the gate and up records ids[0..rows) on q8 input rows xq (row s / x_group),
+ * written as q8 rows to io->actq, then the down projections into y (row s): the 8-bit
+ * kernels of the backend's decode, so the same numerics as with every expert in VRAM. */
+static int mvq_rows(struct strata_gpu_ec *gx, int il, const struct strata_gpu_ec_io *io,
+                    const int32_t *ids, int rows, const void *xq, int x_group, float *y,
+                    struct strata_err *err)
+{
+    struct strata_k_mvq_args a;
+    memset(&a, 0, sizeof a);
+    a.w = &gx->vg[il];
+    a.up = &gx->vu[il];
+    a.mode = STRATA_K_MVQ_GLU;
+    a.ids = ids;
+    a.n_slot = rows;
+    a.x_group = x_group;
+    a.xq = xq;
+    a.yq = io->actq;
+    int rc = strata_k_matvec_q8(gx->ctx, &a, err);
+    if (rc)
+        return rc;
+    memset(&a, 0, sizeof a);
+    a.w = &gx->vd[il];
+    a.mode = STRATA_K_MVQ_PLAIN;
+    a.ids = ids;
+    a.n_slot = rows;
+    a.x_group = 1;
+    a.xq = io->actq;
+    a.y = y;
+    a.y_stride = gx->E;
+    return strata_k_matvec_q8(gx->ctx, &a, err);
+}
+
+/* A mat-vec round on the 8-bit kernels.  all = 1: every assignment not in list is a
+ * CPU one whose row the CPU result overwrites later, so the whole batch runs in the
+ * routed layout (those rows on any record), with no gather; else the round's rows are
+ * gathered, quantised (the same q8 rows: quantising the normed floats again gives the
+ * same blocks), computed and scattered. */
+static int run_round_q8(struct strata_gpu_ec *gx, int il, int n,
+                        const struct strata_gpu_ec_io *io, const int32_t *list,
+                        const int32_t *bufs, int m, int all, struct strata_err *err)
+{
+    const int A = n * gx->K, E = gx->E;
+    int rc;
+    if (all) {
+        int32_t *rid = arena(gx, (size_t)A);
+        if (!rid)
+            return strata_k_err(err, STRATA_E_INTERNAL, "expert plan arena too small");
+        for (int i = 0; i < A; i++)
+            rid[i] = bufs[0];
+        for (int i = 0; i < m; i++)
+            rid[list[i]] = bufs[i];
+        if ((rc = up(gx, gx->d_rids, rid, 4 * (size_t)A, err)))
+            return rc;
+        return mvq_rows(gx, il, io, gx->d_rids, A, io->xq, gx->K, io->eout, err);
+    }
+    const int rows_q = gx->mv_max * gx->K < gx->rows_c ? gx->mv_max * gx->K : gx->rows_c;
+    for (int i0 = 0; i0 < m; i0 += rows_q) {
+        int mc = m - i0 < rows_q ? m - i0 : rows_q;
+        int32_t *hi = arena(gx, (size_t)mc), *hb = arena(gx, (size_t)mc);
+        if (!hi || !hb)
+            return strata_k_err(err, STRATA_E_INTERNAL, "expert plan arena too small");
+        memcpy(hi, list + i0, 4 * (size_t)mc);
+        memcpy(hb, bufs + i0, 4 * (size_t)mc);
+        if ((rc = up(gx, gx->d_idx, hi, 4 * (size_t)mc, err)) ||
+            (rc = up(gx, gx->d_rc, hb, 4 * (size_t)mc, err)) ||
+            (rc = launch_rows(gx, io->xn, gx->d_idx, gx->K, mc, gx->d_xg, 0, err)) ||
+            (rc = strata_k_quantize_q8(gx->ctx, gx->d_xg, E, E, mc, 0, NULL, 0.0f, NULL,
+                                       gx->d_xgq, err)) ||
+            (rc = mvq_rows(gx, il, io, gx->d_rc, mc, gx->d_xgq, 1, gx->d_eoc, err)) ||
+            (rc = launch_rows(gx, gx->d_eoc, gx->d_idx, 1, mc, io->eout, 1, err)))
+            return rc;
+    }
+    return 0;
+}
+
 /* The GPU experts of one round: assignments list[0..m) (t * k + j), each computed
- * from pool record bufs[i]. */
+ * from pool record bufs[i]; all as run_round_q8. */
 static int run_round(struct strata_gpu_ec *gx, int il, int n, const struct strata_gpu_ec_io *io,
-                     const int32_t *list, const int32_t *bufs, int m, struct strata_err *err)
+                     const int32_t *list, const int32_t *bufs, int m, int all,
+                     struct strata_err *err)
 {
     const int A = n * gx->K, E = gx->E;
     const struct strata_k_weight *g = &gx->vg[il], *u = &gx->vu[il], *d = &gx->vd[il];
@@ -905,6 +1083,8 @@ static int run_round(struct strata_gpu_ec *gx, int il, int n, const struct strat
         a.y_stride = E;
         return strata_k_matmul(gx->ctx, &a, err);
     }
+    if (n <= gx->mv_max && gx->q8_ffn[il] && io->xq && io->actq && gx->d_xgq)
+        return run_round_q8(gx, il, n, io, list, bufs, m, all, err);
     struct strata_k_mv_args a;
     memset(&a, 0, sizeof a);
     a.w = g;
@@ -976,54 +1156,83 @@ static int run_round(struct strata_gpu_ec *gx, int il, int n, const struct strat
     return 0;
 }
 
-static float silu(float x)
-{
-    return x / (1.0f + expf(-x));
-}
-
 /* The CPU experts of a plan, one after the other, each matrix spread over the pool:
- * rows of h_cpu in plan order, their assignments in idx. */
+ * rows of h_cpu in plan order, their assignments in idx.  Each expert follows the
+ * numerics of the GPU kernels this batch would have run (lib/expert_cpu.h): 8-bit
+ * activations in blocks of 32 for a mat-vec batch on the 8-bit kernels, float for
+ * other mat-vec batches, f16 operands for mat-mat batches. */
 static int cpu_experts(struct strata_gpu_ec *gx, int il, int n, const struct strata_ec_plan *p,
                        int32_t *idx, int *rows, struct strata_err *err)
 {
     const struct strata_layer *L = &gx->m->layers[il];
     const int A = n * gx->K, E = gx->E;
-    int r = 0, rc = 0;
-    for (int it = 0; it < p->n_items && !rc; it++) {
-        const struct strata_ec_item *m = &p->items[it];
-        if (m->where != STRATA_EC_CPU)
+    struct strata_xcpu_expert *ex = gx->cex;
+    int r = 0, rc = 0, n_ex = 0, gr = 0;
+    /* experts in groups of at most cpu_tok gathered rows, each group in two pool runs */
+    for (int it = 0; it <= p->n_items && !rc; it++) {
+        const struct strata_ec_item *m = it < p->n_items ? &p->items[it] : NULL;
+        if (m && m->where != STRATA_EC_CPU)
             continue;
         int cnt = 0;
-        for (int a = 0; a < A; a++)
+        for (int a = 0; m && a < A; a++)
+            cnt += gx->h_ids[a] == m->expert;
+        if (n_ex && (!m || gr + cnt > gx->cpu_tok)) {
+            rc = strata_xcpu_ffn_batch(gx->pool, ex, n_ex, n <= gx->mv_max, gx->q8_ffn[il],
+                                       gx->cwork, err);
+            n_ex = 0;
+            gr = 0;
+        }
+        if (!m || rc)
+            break;
+        struct strata_xcpu_expert *e = &ex[n_ex++];
+        e->gate = (struct strata_mat){L->ffn_gate_exps.type, L->ffn_gate_exps.ne[0],
+                                      L->ffn_gate_exps.ne[1], L->ffn_gate_exps.nb1,
+                                      host_part(gx, il, m->expert, 0)};
+        e->up = (struct strata_mat){L->ffn_up_exps.type, L->ffn_up_exps.ne[0],
+                                    L->ffn_up_exps.ne[1], L->ffn_up_exps.nb1,
+                                    host_part(gx, il, m->expert, 1)};
+        e->down = (struct strata_mat){L->ffn_down_exps.type, L->ffn_down_exps.ne[0],
+                                      L->ffn_down_exps.ne[1], L->ffn_down_exps.nb1,
+                                      host_part(gx, il, m->expert, 2)};
+        e->x = gx->cx + (size_t)gr * E;
+        e->y = gx->h_cpu + (size_t)r * E;
+        e->n_tok = cnt;
+        for (int a = 0, c = 0; a < A; a++)
             if (gx->h_ids[a] == m->expert) {
-                idx[r + cnt] = a;
-                memcpy(gx->cx + (size_t)cnt * E, gx->h_xn + (size_t)(a / gx->K) * E,
+                idx[r + c] = a;
+                memcpy(gx->cx + (size_t)(gr + c) * E, gx->h_xn + (size_t)(a / gx->K) * E,
                        sizeof(float) * (size_t)E);
-                cnt++;
+                c++;
             }
-        struct strata_mat wg = {L->ffn_gate_exps.type, L->ffn_gate_exps.ne[0],
-                                L->ffn_gate_exps.ne[1], L->ffn_gate_exps.nb1,
-                                host_part(gx, il, m->expert, 0)};
-        struct strata_mat wu = {L->ffn_up_exps.type, L->ffn_up_exps.ne[0], L->ffn_up_exps.ne[1],
-                                L->ffn_up_exps.nb1, host_part(gx, il, m->expert, 1)};
-        struct strata_mat wd = {L->ffn_down_exps.type, L->ffn_down_exps.ne[0],
-                                L->ffn_down_exps.ne[1], L->ffn_down_exps.nb1,
-                                host_part(gx, il, m->expert, 2)};
-        const int64_t nf = wg.ne1;
-        if ((rc = strata_matmul(gx->pool, &wg, gx->cx, cnt, gx->cg, err)) ||
-            (rc = strata_matmul(gx->pool, &wu, gx->cx, cnt, gx->cu, err)))
-            break;
-        for (int64_t i = 0; i < (int64_t)cnt * nf; i++)
-            gx->cg[i] = silu(gx->cg[i]) * gx->cu[i];
-        if ((rc = strata_matmul(gx->pool, &wd, gx->cg, cnt, gx->h_cpu + (size_t)r * E, err)))
-            break;
+        gr += cnt;
         r += cnt;
         gx->n_cpu_experts++;
     }
     if (rc)
-        strata_err_wrap(err, "CPU expert of layer %d: ", il);
+        strata_err_wrap(err, "CPU experts of layer %d: ", il);
     *rows = r;
     return rc;
+}
+
+/* Replace each token's routed experts by k distinct uniformly random ones. */
+static void random_route(struct strata_gpu_ec *gx, int n)
+{
+    for (int t = 0; t < n; t++) {
+        int32_t *s = gx->h_ids + (size_t)t * gx->K;
+        for (int j = 0; j < gx->K; j++) {
+            int e, dup;
+            do {
+                gx->rng ^= gx->rng << 13;
+                gx->rng ^= gx->rng >> 7;
+                gx->rng ^= gx->rng << 17;
+                e = (int)(((gx->rng >> 32) * (uint64_t)gx->X) >> 32);
+                dup = 0;
+                for (int i = 0; i < j; i++)
+                    dup |= s[i] == e;
+            } while (dup);
+            s[j] = e;
+        }
+    }
 }
 
 static int op_copy(void *ctx, int il, int ie, int slot, int staging, struct strata_err *err)
@@ -1082,10 +1291,10 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
     if ((rc = call(gx, cudaMemcpyAsync(gx->h_ids, io->eids, 4 * (size_t)A, cudaMemcpyDeviceToHost,
                                        st), "copy of the routed ids", err)))
         return rc;
-    if (gx->cpu_possible && (rc = call(gx, cudaMemcpyAsync(gx->h_xn, io->xn,
-                                                           4 * (size_t)n * gx->E,
-                                                           cudaMemcpyDeviceToHost, st),
-                                       "copy of the expert inputs", err)))
+    if (gx->cpu_possible && n <= gx->mv_max &&
+        (rc = call(gx, cudaMemcpyAsync(gx->h_xn, io->xn, 4 * (size_t)n * gx->E,
+                                       cudaMemcpyDeviceToHost, st),
+                   "copy of the expert inputs", err)))
         return rc;
     double t0 = now_s();
     if ((rc = call(gx, cudaStreamSynchronize(st), "forward pass before the routed experts "
@@ -1095,6 +1304,8 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
     collect_wait(gx);
     if ((rc = poll_fills(gx, 0, err)))
         return rc;
+    if (gx->route_uniform)
+        random_route(gx, n);
     if (il == gx->first_moe) {
         int32_t t[3 * 64];
         int max = 2 * K < 64 ? 2 * K : 64;
@@ -1104,7 +1315,13 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
         if (rc)
             return rc;
     }
-    if (gx->frac_auto)
+    /* mat-mat batches (prefill chunks) copy every miss: one copy serves all of an
+     * expert's tokens, and the GPU's f16 tensor-core sums cannot be reproduced on the
+     * CPU bit for bit - followed by 8-bit decode steps, whose quantisation turns last-bit
+     * differences into whole quanta, CPU experts in prefill moved tinycoder Q4_K_M's
+     * logits by up to 0.19; the CPU pool serves mat-vec batches, where its integer dots
+     * are the GPU's */
+    if (gx->cpu_possible)
         strata_ec_set_pcie_frac(gx->ec, n > gx->mv_max ? 1.0 : gx->frac_decode);
     if ((rc = strata_ec_lookup(gx->ec, il, n, gx->h_ids, &p, err)))
         return rc;
@@ -1165,7 +1382,7 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
                 m++;
             }
         }
-        rc = run_round(gx, il, n, io, list, bufs, m, err);
+        rc = run_round(gx, il, n, io, list, bufs, m, n_rounds == 1, err);
     }
     if (rc)
         goto out;
@@ -1183,8 +1400,9 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
     if (p.n_cpu) {
         int32_t *idx = arena(gx, (size_t)A);
         double tc = now_s();
-        if (!idx) {
-            rc = strata_k_err(err, STRATA_E_INTERNAL, "expert plan arena too small");
+        if (!idx || n > gx->cpu_tok || !gx->cx) {
+            rc = strata_k_err(err, STRATA_E_INTERNAL, "CPU experts for a batch of %d tokens "
+                              "(%d at most)%s", n, gx->cpu_tok, idx ? "" : ", arena too small");
             goto out;
         }
         if ((rc = cpu_experts(gx, il, n, &p, idx, &rows_cpu, err)))

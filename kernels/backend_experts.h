@@ -36,6 +36,9 @@ struct strata_gpu_ec_in {
     int n_ub;                          /* tokens per forward call at most */
     int n_ctx;
     int mv_max;                        /* batches up to this use the mat-vec kernels */
+    int use_q8;                        /* the backend's mat-vec batches take 8-bit
+                                          activations where the weights allow
+                                          (strata_k_matvec_q8), so do the CPU experts */
     uint64_t vram_free;                /* free VRAM before the backend allocated, bytes */
     uint64_t dense_bytes, kv_bytes, scratch_bytes; /* what the backend holds in VRAM */
 };
@@ -59,6 +62,8 @@ struct strata_gpu_ec_io {
     float *act;           /* [n * k, n_ff_exp] scratch */
     float *eout;          /* [n * k, n_embd] expert outputs, combined by the caller */
     int32_t *perm, *tiles, *n_tiles; /* grouped mat-mat plan scratch (max_tiles) */
+    const void *xq;       /* [n] q8 rows of xn (mat-vec batches with use_q8), or NULL */
+    void *actq;           /* [n * k] q8 rows of the SwiGLU outputs (scratch), or NULL */
 };
 
 /* The routed experts of layer il for a batch of n tokens: downloads the routed ids
@@ -79,6 +84,10 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
 /* Layer il's expert stacks in the slot pool: record b of each at data + b * nb2. */
 void strata_gpu_ec_views(const struct strata_gpu_ec *gx, int il, struct strata_k_weight *gate,
                          struct strata_k_weight *up, struct strata_k_weight *down);
+
+/* The time split and traffic so far into *t (the cache's own per-layer statistics come
+ * from strata_gpu_ec_cache); reset = 1 instead zeroes them (t may be NULL). */
+void strata_gpu_ec_times(struct strata_gpu_ec *gx, int reset, struct strata_ec_times *t);
 
 /* The expert cache (statistics, tests). */
 struct strata_expert_cache *strata_gpu_ec_cache(struct strata_gpu_ec *gx);

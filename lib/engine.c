@@ -1122,7 +1122,7 @@ static int cpu_kv_rollback(void *state, int32_t n_past, struct strata_err *err)
 }
 
 const struct strata_backend_ops strata_backend_cpu_ops = {
-    "cpu", cpu_init, cpu_free, cpu_forward, cpu_kv_rollback, NULL,
+    "cpu", cpu_init, cpu_free, cpu_forward, cpu_kv_rollback, NULL, NULL,
 };
 
 #ifdef STRATA_WITH_GPU
@@ -1324,6 +1324,20 @@ int32_t strata_engine_n_vocab(const struct strata_engine *e) { return (int32_t)e
 int32_t strata_engine_n_ctx(const struct strata_engine *e) { return e->o.n_ctx; }
 int32_t strata_engine_n_prefill(const struct strata_engine *e) { return e->o.n_prefill; }
 int strata_engine_n_threads(const struct strata_engine *e) { return e->o.n_threads; }
+
+int strata_engine_expert_stats(struct strata_engine *e, struct strata_expert_cache **ec,
+                               struct strata_ec_times *t)
+{
+    if (!e->ops->expert_stats)
+        return 0;
+    return e->ops->expert_stats(e->bstate, 0, ec, t);
+}
+
+void strata_engine_expert_stats_reset(struct strata_engine *e)
+{
+    if (e->ops->expert_stats)
+        (void)e->ops->expert_stats(e->bstate, 1, NULL, NULL);
+}
 int32_t strata_engine_n_past(const struct strata_engine *e) { return e->n_past; }
 const int32_t *strata_engine_history(const struct strata_engine *e) { return e->hist; }
 

@@ -86,6 +86,9 @@ struct strata_batch {
  * 0 or an error code with err filled (naming the kernel/tensor at fault); a
  * failed forward leaves the kv cache valid for positions < pos0.
  */
+struct strata_expert_cache;
+struct strata_ec_times;
+
 struct strata_backend_ops {
     const char *name; /* "cpu", "cuda", "hip" */
 
@@ -113,6 +116,12 @@ struct strata_backend_ops {
     /* Number of devices this backend can see (a runtime that fails to load or
      * to answer counts as 0); NULL for the CPU backend.  "auto" uses it. */
     int (*n_devices)(void);
+
+    /* The expert cache of a backend that offloads routed experts: *ec and the
+     * time split *t so far; reset = 1 instead zeroes both (ec, t unused).  Returns
+     * 0 when it has none.  NULL for backends without one. */
+    int (*expert_stats)(void *state, int reset, struct strata_expert_cache **ec,
+                        struct strata_ec_times *t);
 };
 
 /* The CPU backend (always available). */
@@ -174,6 +183,14 @@ int strata_engine_eval_embd(struct strata_engine *e, const float *embd, int32_t 
 /* Roll the kv cache back to n_past positions (0 <= n_past <= current n_past).
  * Errors: STRATA_E_INVALID (n_past out of range), backend errors. */
 int strata_engine_rollback(struct strata_engine *e, int32_t n_past, struct strata_err *err);
+
+/* The backend's expert cache (lib/expert_cache.h: per-layer hit rates, PCIe bytes,
+ * CPU experts) and time split since open or the last reset: returns 1 and fills *ec
+ * (owned by the backend, valid until close) and *t; 0 (nothing filled) when the
+ * experts are not offloaded.  _reset zeroes the counts and times. */
+int strata_engine_expert_stats(struct strata_engine *e, struct strata_expert_cache **ec,
+                               struct strata_ec_times *t);
+void strata_engine_expert_stats_reset(struct strata_engine *e);
 
 /* Length of the common prefix of the history and ids[0..n). */
 int32_t strata_engine_common_prefix(const struct strata_engine *e, const int32_t *ids,

@@ -635,6 +635,76 @@ void strata_ec_stats_print(FILE *f, const struct strata_expert_cache *ec)
             (double)t.cpu / tok);
 }
 
+struct cJSON *strata_ec_stats_json(const struct strata_expert_cache *ec,
+                                   const struct strata_ec_times *t)
+{
+    cJSON *o = cJSON_CreateObject(), *layers = cJSON_CreateArray();
+    struct strata_ec_layer_stats a;
+    memset(&a, 0, sizeof a);
+    if (!o || !layers)
+        goto fail;
+    cJSON_AddItemToObject(o, "layers", layers);
+    uint64_t tok = ec->first_moe >= 0 ? ec->st[ec->first_moe].tokens : 0;
+    double dt = tok ? (double)tok : 1;
+    for (int l = 0; l < ec->L; l++) {
+        const struct strata_ec_layer_stats *s = &ec->st[l];
+        if (!ec->is_moe[l])
+            continue;
+        cJSON *r = cJSON_CreateObject();
+        if (!r)
+            goto fail;
+        cJSON_AddItemToArray(layers, r);
+        double lt = s->tokens ? (double)s->tokens : 1;
+        if (!cJSON_AddNumberToObject(r, "layer", l) ||
+            !cJSON_AddNumberToObject(r, "hit_rate",
+                                     s->demanded ? (double)s->hits / s->demanded : 0) ||
+            !cJSON_AddNumberToObject(r, "pair_hit_rate",
+                                     s->pairs ? (double)s->pair_hits / s->pairs : 0) ||
+            !cJSON_AddNumberToObject(r, "pcie_bytes_per_token", s->pcie_bytes / lt) ||
+            !cJSON_AddNumberToObject(r, "cpu_experts_per_token", s->cpu / lt) ||
+            !cJSON_AddNumberToObject(r, "prefetch_hit_rate",
+                                     s->prefetches ? (double)s->prefetch_used / s->prefetches
+                                                   : 0))
+            goto fail;
+        a.demanded += s->demanded;
+        a.hits += s->hits;
+        a.pairs += s->pairs;
+        a.pair_hits += s->pair_hits;
+        a.cpu += s->cpu;
+        a.pcie_bytes += s->pcie_bytes;
+    }
+    if (!cJSON_AddNumberToObject(o, "slots", ec->S) ||
+        !cJSON_AddStringToObject(o, "policy", ec->o.policy == STRATA_EC_LRU ? "lru" : "lfru") ||
+        !cJSON_AddNumberToObject(o, "pcie_frac", ec->o.pcie_frac) ||
+        !cJSON_AddNumberToObject(o, "tokens", (double)tok) ||
+        !cJSON_AddNumberToObject(o, "hit_rate", a.demanded ? (double)a.hits / a.demanded : 0) ||
+        !cJSON_AddNumberToObject(o, "pair_hit_rate",
+                                 a.pairs ? (double)a.pair_hits / a.pairs : 0) ||
+        !cJSON_AddNumberToObject(o, "pcie_bytes_per_token", a.pcie_bytes / dt) ||
+        !cJSON_AddNumberToObject(o, "cpu_experts_per_token", a.cpu / dt))
+        goto fail;
+    if (t) {
+        cJSON *ts = cJSON_AddObjectToObject(o, "time_s");
+        double host = t->moe_s - t->gpu_s - t->cpu_s;
+        if (!ts || !cJSON_AddNumberToObject(ts, "moe", t->moe_s) ||
+            !cJSON_AddNumberToObject(ts, "gpu", t->gpu_s) ||
+            !cJSON_AddNumberToObject(ts, "copy_wait", t->copy_wait_s) ||
+            !cJSON_AddNumberToObject(ts, "cpu", t->cpu_s) ||
+            !cJSON_AddNumberToObject(ts, "host", host > 0 ? host : 0) ||
+            !cJSON_AddNumberToObject(o, "copies", (double)t->n_copies) ||
+            !cJSON_AddNumberToObject(o, "bytes_copied", (double)t->bytes_copied) ||
+            !cJSON_AddNumberToObject(o, "cpu_experts", (double)t->n_cpu_experts))
+            goto fail;
+    }
+    return o;
+fail:
+    if (o)
+        cJSON_Delete(o);
+    else
+        cJSON_Delete(layers);
+    return NULL;
+}
+
 /* ---- routing profiles ---- */
 
 int strata_ec_profile_init(struct strata_ec_profile *p, int n_layer, int n_expert,

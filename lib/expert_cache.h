@@ -233,6 +233,24 @@ void strata_ec_slot_info(const struct strata_expert_cache *ec, int slot, int *il
 const struct strata_ec_layer_stats *strata_ec_stats(const struct strata_expert_cache *ec,
                                                     int il);
 void strata_ec_stats_reset(struct strata_expert_cache *ec);
+
+/* What the backend measured around the cache (GPU backend). */
+struct strata_ec_times {
+    double moe_s;       /* wall time in the routed-expert step of the MoE layers */
+    double gpu_s;       /* of which waiting for the GPU's forward pass up to each routing */
+    double copy_wait_s; /* GPU time the compute stream waited for expert copies */
+    double cpu_s;       /* of which computing CPU experts */
+    uint64_t bytes_copied, n_copies, n_cpu_experts;
+};
+
+struct cJSON;
+/* The statistics as a JSON object (cJSON, caller frees): slots, policy, tokens,
+ * hit_rate and pair_hit_rate (0..1), pcie_bytes_per_token, cpu_experts_per_token,
+ * "layers": [{layer, hit_rate, pair_hit_rate, pcie_bytes_per_token,
+ * cpu_experts_per_token, prefetch_hit_rate}], and with t the "time_s" split {moe,
+ * gpu, copy_wait, cpu, host} and copies.  NULL when out of memory. */
+struct cJSON *strata_ec_stats_json(const struct strata_expert_cache *ec,
+                                   const struct strata_ec_times *t);
 /* Print per-layer hit rate, bytes over PCIe per token and CPU experts per
  * token, then the totals, to f. */
 void strata_ec_stats_print(FILE *f, const struct strata_expert_cache *ec);

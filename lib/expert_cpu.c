@@ -4,8 +4,10 @@
 #include "expert_cpu.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "expert_cpu_int.h"
 #include "ggml_types.h"
 #include "pool.h"
 #include "quant.h"
@@ -168,57 +170,155 @@ static float dot_q8_row(uint32_t type, const uint8_t *row, int64_t ne0, const in
     return sum;
 }
 
-struct mm_job {
-    int mode;
+/* One matrix times n_tok prepared input rows. */
+struct mm_seg {
+    int mode, avx2;
     const struct strata_mat *w;
     int n_tok;
     const float *x;    /* F32 / F16: [n_tok, ne0] (F16: already rounded) */
     const int8_t *xq;  /* Q8: [n_tok, ne0] */
     const float *xd;   /* Q8: [n_tok, ne0 / 32] */
+    const int32_t *bs; /* Q8: [n_tok, ne0 / 16] quant sums per 32 (per 16: Q6_K) values */
     float *y;
 };
+
+/* A pool job over the rows of several segments at once: thread ith takes its share
+ * of all of them, so that a layer's CPU experts need one pool run, not one per
+ * matrix. */
+struct mm_job {
+    const struct mm_seg *seg;
+    int n_seg;
+    int64_t rows;
+};
+
+static void seg_row(const struct mm_seg *j, int64_t r)
+{
+    const struct strata_mat *w = j->w;
+    const int64_t ne0 = w->ne0, ne1 = w->ne1;
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->nb1;
+    if (j->mode == STRATA_XCPU_Q8) {
+        for (int t = 0; t < j->n_tok; t++)
+            j->y[(int64_t)t * ne1 + r] =
+                j->avx2 ? strata_xcpu_dot_q8_avx2(w->type, row, ne0, j->xq + (int64_t)t * ne0,
+                                                  j->xd + (int64_t)t * (ne0 / QB),
+                                                  j->bs + (int64_t)t * (ne0 / 16))
+                        : dot_q8_row(w->type, row, ne0, j->xq + (int64_t)t * ne0,
+                                     j->xd + (int64_t)t * (ne0 / QB));
+        return;
+    }
+    /* chunks of the row dequantised once for a group of tokens */
+    const int64_t blck = strata_ggml_blck_size(w->type);
+    const int64_t chunk = blck >= CHUNK ? blck : CHUNK / blck * blck;
+    const size_t cbytes = strata_ggml_row_size(w->type, chunk);
+    for (int t0 = 0; t0 < j->n_tok; t0 += TGROUP) {
+        int nt = j->n_tok - t0 < TGROUP ? j->n_tok - t0 : TGROUP;
+        float acc[TGROUP] = {0};
+        for (int64_t c0 = 0; c0 < ne0; c0 += chunk) {
+            float v[CHUNK];
+            int64_t nc = ne0 - c0 < chunk ? ne0 - c0 : chunk;
+            strata_quant_dequant_row(w->type, row + (size_t)(c0 / chunk) * cbytes, v, nc);
+            if (j->mode == STRATA_XCPU_F16)
+                for (int64_t i = 0; i < nc; i++)
+                    v[i] = strata_f16_to_f32(strata_f32_to_f16(v[i]));
+            for (int t = 0; t < nt; t++) {
+                const float *xt = j->x + (int64_t)(t0 + t) * ne0 + c0;
+                float a = acc[t];
+                for (int64_t i = 0; i < nc; i++)
+                    a += v[i] * xt[i];
+                acc[t] = a;
+            }
+        }
+        for (int t = 0; t < nt; t++)
+            j->y[(int64_t)(t0 + t) * ne1 + r] = acc[t];
+    }
+}
 
 static void mm_worker(void *ctx, int ith, int nth)
 {
     const struct mm_job *j = ctx;
-    const struct strata_mat *w = j->w;
-    const int64_t ne0 = w->ne0, ne1 = w->ne1;
-    const int64_t r0 = ne1 * ith / nth, r1 = ne1 * (ith + 1) / nth;
-    for (int64_t r = r0; r < r1; r++) {
-        const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->nb1;
-        if (j->mode == STRATA_XCPU_Q8) {
-            for (int t = 0; t < j->n_tok; t++)
-                j->y[(int64_t)t * ne1 + r] =
-                    dot_q8_row(w->type, row, ne0, j->xq + (int64_t)t * ne0,
-                               j->xd + (int64_t)t * (ne0 / QB));
-            continue;
-        }
-        /* chunks of the row dequantised once for a group of tokens */
-        const int64_t blck = strata_ggml_blck_size(w->type);
-        const int64_t chunk = blck >= CHUNK ? blck : CHUNK / blck * blck;
-        const size_t cbytes = strata_ggml_row_size(w->type, chunk);
-        for (int t0 = 0; t0 < j->n_tok; t0 += TGROUP) {
-            int nt = j->n_tok - t0 < TGROUP ? j->n_tok - t0 : TGROUP;
-            float acc[TGROUP] = {0};
-            for (int64_t c0 = 0; c0 < ne0; c0 += chunk) {
-                float v[CHUNK > 256 ? CHUNK : 256];
-                int64_t nc = ne0 - c0 < chunk ? ne0 - c0 : chunk;
-                strata_quant_dequant_row(w->type, row + (size_t)(c0 / chunk) * cbytes, v, nc);
-                if (j->mode == STRATA_XCPU_F16)
-                    for (int64_t i = 0; i < nc; i++)
-                        v[i] = strata_f16_to_f32(strata_f32_to_f16(v[i]));
-                for (int t = 0; t < nt; t++) {
-                    const float *xt = j->x + (int64_t)(t0 + t) * ne0 + c0;
-                    float a = acc[t];
-                    for (int64_t i = 0; i < nc; i++)
-                        a += v[i] * xt[i];
-                    acc[t] = a;
-                }
-            }
-            for (int t = 0; t < nt; t++)
-                j->y[(int64_t)(t0 + t) * ne1 + r] = acc[t];
-        }
+    int64_t r0 = j->rows * ith / nth, r1 = j->rows * (ith + 1) / nth, base = 0;
+    for (int i = 0; i < j->n_seg && r0 < r1; i++) {
+        const int64_t ne1 = j->seg[i].w->ne1;
+        for (; r0 < r1 && r0 < base + ne1; r0++)
+            seg_row(&j->seg[i], r0 - base);
+        base += ne1;
     }
+}
+
+static const char *type_name(uint32_t t)
+{
+    return strata_ggml_type_name(t) ? strata_ggml_type_name(t) : "?";
+}
+
+static int check_mat(int mode, const struct strata_mat *w, struct strata_err *err)
+{
+    const char *tn = type_name(w->type);
+    if (mode == STRATA_XCPU_Q8 ? !strata_xcpu_q8_supported(w->type)
+                               : !strata_quant_supported(w->type))
+        return strata_err_set(err, STRATA_E_UNSUPPORTED,
+                              "CPU expert: weight type %s has no %s dot product", tn,
+                              mode == STRATA_XCPU_Q8 ? "8-bit" : "float");
+    int64_t blck = strata_ggml_blck_size(w->type);
+    if (w->ne0 <= 0 || w->ne1 <= 0 || !blck || w->ne0 % blck ||
+        (mode == STRATA_XCPU_Q8 && w->ne0 % QB))
+        return strata_err_set(err, STRATA_E_INVALID,
+                              "CPU expert: %s matrix of ne0=%lld ne1=%lld (block %lld)", tn,
+                              (long long)w->ne0, (long long)w->ne1, (long long)blck);
+    if (blck > CHUNK)
+        return strata_err_set(err, STRATA_E_UNSUPPORTED,
+                              "CPU expert: %s blocks of %lld values", tn, (long long)blck);
+    return 0;
+}
+
+/* Prepare segment j's inputs x [n_tok, w->ne0] in scratch (q8 rows, or f16-rounded
+ * floats); returns the bytes of scratch used (strata_xcpu_scratch_bytes at most). */
+static size_t seg_prepare(struct mm_seg *j, int mode, int avx2, const struct strata_mat *w,
+                          const float *x, int n_tok, float *y, void *scratch)
+{
+    const int64_t n = (int64_t)n_tok * w->ne0;
+    memset(j, 0, sizeof *j);
+    j->mode = mode;
+    j->avx2 = avx2;
+    j->w = w;
+    j->n_tok = n_tok;
+    j->y = y;
+    j->x = x;
+    if (mode == STRATA_XCPU_Q8) {
+        int8_t *q = scratch;
+        float *d = (float *)((char *)scratch + (((size_t)n + 15) & ~(size_t)15));
+        int32_t *bs = (int32_t *)(d + n / QB);
+        const int64_t g = w->type == STRATA_TYPE_Q6_K ? 16 : 32, per = w->ne0 / g;
+        for (int t = 0; t < n_tok; t++) {
+            const int8_t *qt = q + (int64_t)t * w->ne0;
+            strata_xcpu_quantize_q8(x + (int64_t)t * w->ne0, w->ne0, q + (int64_t)t * w->ne0,
+                                    d + (int64_t)t * (w->ne0 / QB));
+            for (int64_t b = 0; b < per; b++) {
+                int sm = 0;
+                for (int64_t i = 0; i < g; i++)
+                    sm += qt[b * g + i];
+                bs[(int64_t)t * (w->ne0 / 16) + b] = sm;
+            }
+        }
+        j->xq = q;
+        j->xd = d;
+        j->bs = bs;
+        return (((size_t)n + 15) & ~(size_t)15) + 4 * (size_t)(n / QB) + 4 * (size_t)(n / 16);
+    }
+    if (mode == STRATA_XCPU_F16) {
+        float *xh = scratch;
+        for (int64_t i = 0; i < n; i++)
+            xh[i] = strata_f16_to_f32(strata_f32_to_f16(x[i]));
+        j->x = xh;
+        return 4 * (size_t)n;
+    }
+    return 0;
+}
+
+static int use_avx2(int simd_level)
+{
+    if (simd_level < 0)
+        simd_level = strata_quant_simd_level();
+    return simd_level >= STRATA_SIMD_AVX2 && strata_xcpu_have_avx2();
 }
 
 size_t strata_xcpu_scratch_bytes(int64_t ne0, int n_tok)
@@ -230,46 +330,19 @@ int strata_xcpu_matmul(struct strata_pool *pool, int mode, const struct strata_m
                        const float *x, int n_tok, float *y, void *scratch,
                        struct strata_err *err)
 {
-    const char *tn = strata_ggml_type_name(w->type) ? strata_ggml_type_name(w->type) : "?";
-    if (mode == STRATA_XCPU_Q8 ? !strata_xcpu_q8_supported(w->type)
-                               : !strata_quant_supported(w->type))
-        return strata_err_set(err, STRATA_E_UNSUPPORTED,
-                              "CPU expert: weight type %s has no %s dot product", tn,
-                              mode == STRATA_XCPU_Q8 ? "8-bit" : "float");
-    int64_t blck = strata_ggml_blck_size(w->type);
-    if (w->ne0 <= 0 || w->ne1 <= 0 || n_tok < 0 || !blck || w->ne0 % blck ||
-        (mode == STRATA_XCPU_Q8 && w->ne0 % QB))
-        return strata_err_set(err, STRATA_E_INVALID,
-                              "CPU expert: %s matrix of ne0=%lld ne1=%lld (block %lld)", tn,
-                              (long long)w->ne0, (long long)w->ne1, (long long)blck);
-    if (blck > CHUNK)
-        return strata_err_set(err, STRATA_E_UNSUPPORTED,
-                              "CPU expert: %s blocks of %lld values", tn, (long long)blck);
-    if (n_tok == 0)
-        return 0;
-    struct mm_job j;
-    memset(&j, 0, sizeof j);
-    j.mode = mode;
-    j.w = w;
-    j.n_tok = n_tok;
-    j.y = y;
-    const int64_t n = (int64_t)n_tok * w->ne0;
-    if (mode == STRATA_XCPU_Q8) {
-        int8_t *q = scratch;
-        float *d = (float *)((char *)scratch + (((size_t)n + 15) & ~(size_t)15));
-        for (int t = 0; t < n_tok; t++)
-            strata_xcpu_quantize_q8(x + (int64_t)t * w->ne0, w->ne0, q + (int64_t)t * w->ne0,
-                                    d + (int64_t)t * (w->ne0 / QB));
-        j.xq = q;
-        j.xd = d;
-    } else if (mode == STRATA_XCPU_F16) {
-        float *xh = scratch;
-        for (int64_t i = 0; i < n; i++)
-            xh[i] = strata_f16_to_f32(strata_f32_to_f16(x[i]));
-        j.x = xh;
-    } else {
-        j.x = x;
-    }
+    return strata_xcpu_matmul_simd(pool, mode, w, x, n_tok, y, scratch, -1, err);
+}
+
+int strata_xcpu_matmul_simd(struct strata_pool *pool, int mode, const struct strata_mat *w,
+                            const float *x, int n_tok, float *y, void *scratch, int simd_level,
+                            struct strata_err *err)
+{
+    int rc = check_mat(mode, w, err);
+    if (rc || n_tok <= 0)
+        return rc;
+    struct mm_seg seg;
+    seg_prepare(&seg, mode, use_avx2(simd_level), w, x, n_tok, y, scratch);
+    struct mm_job j = {&seg, 1, w->ne1};
     strata_pool_run(pool, mm_worker, &j);
     return 0;
 }
@@ -277,7 +350,84 @@ int strata_xcpu_matmul(struct strata_pool *pool, int mode, const struct strata_m
 size_t strata_xcpu_ffn_work_bytes(int64_t n_embd, int64_t n_ff, int n_tok)
 {
     int64_t m = n_embd > n_ff ? n_embd : n_ff;
-    return 8 * (size_t)n_tok * (size_t)n_ff + strata_xcpu_scratch_bytes(m, n_tok);
+    return 8 * (size_t)n_tok * (size_t)n_ff + 8 * (size_t)n_tok * (size_t)m +
+           128 * ((size_t)n_tok + 1);
+}
+
+#define ALIGN64(x) (((x) + 63) & ~(size_t)63)
+
+int strata_xcpu_ffn_batch(struct strata_pool *pool, const struct strata_xcpu_expert *ex,
+                          int n_ex, int matvec, int q8, void *work, struct strata_err *err)
+{
+    struct mm_seg *seg = NULL;
+    int rc = 0, T = 0;
+    const int avx2 = use_avx2(-1);
+    for (int i = 0; i < n_ex; i++) {
+        const struct strata_mat *g = &ex[i].gate, *u = &ex[i].up, *d = &ex[i].down;
+        if (u->ne0 != g->ne0 || u->ne1 != g->ne1 || d->ne0 != g->ne1 || d->ne1 != g->ne0)
+            return strata_err_set(err, STRATA_E_INVALID,
+                                  "CPU expert: ffn_gate [%lld, %lld], ffn_up [%lld, %lld] and "
+                                  "ffn_down [%lld, %lld] do not chain",
+                                  (long long)g->ne1, (long long)g->ne0, (long long)u->ne1,
+                                  (long long)u->ne0, (long long)d->ne1, (long long)d->ne0);
+        const int q = matvec && q8 && strata_xcpu_ffn_q8(g, d);
+        if ((rc = check_mat(strata_xcpu_mode_for(g, matvec, q), g, err)) ||
+            (rc = check_mat(strata_xcpu_mode_for(u, matvec, q), u, err)) ||
+            (rc = check_mat(strata_xcpu_mode_for(d, matvec, q), d, err)))
+            return rc;
+        T += ex[i].n_tok > 0 ? ex[i].n_tok : 0;
+    }
+    if (!n_ex || !T)
+        return 0;
+    seg = malloc(sizeof *seg * 2 * (size_t)n_ex);
+    if (!seg)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    /* gate and up of every expert in one pool run; [T, n_ff] each, expert after expert */
+    size_t gu_bytes = 0;
+    for (int i = 0; i < n_ex; i++)
+        gu_bytes += 4 * (size_t)(ex[i].n_tok > 0 ? ex[i].n_tok : 0) * (size_t)ex[i].gate.ne1;
+    float *gbuf = work, *ubuf = (float *)((char *)work + ALIGN64(gu_bytes));
+    char *scr = (char *)work + 2 * ALIGN64(gu_bytes);
+    struct mm_job j = {seg, 0, 0};
+    size_t off = 0;
+    int64_t go = 0;
+    for (int i = 0; i < n_ex; i++) {
+        const int nt = ex[i].n_tok;
+        if (nt <= 0)
+            continue;
+        const int q = matvec && q8 && strata_xcpu_ffn_q8(&ex[i].gate, &ex[i].down);
+        off += ALIGN64(seg_prepare(&seg[j.n_seg], strata_xcpu_mode_for(&ex[i].gate, matvec, q),
+                                   avx2, &ex[i].gate, ex[i].x, nt, gbuf + go, scr + off));
+        j.rows += ex[i].gate.ne1;
+        j.n_seg++;
+        off += ALIGN64(seg_prepare(&seg[j.n_seg], strata_xcpu_mode_for(&ex[i].up, matvec, q),
+                                   avx2, &ex[i].up, ex[i].x, nt, ubuf + go, scr + off));
+        j.rows += ex[i].up.ne1;
+        j.n_seg++;
+        go += (int64_t)nt * ex[i].gate.ne1;
+    }
+    strata_pool_run(pool, mm_worker, &j);
+    for (int64_t i = 0; i < go; i++)
+        gbuf[i] = gbuf[i] / (1.0f + expf(-gbuf[i])) * ubuf[i];
+    /* the down projections in a second run */
+    j.n_seg = 0;
+    j.rows = 0;
+    off = 0;
+    go = 0;
+    for (int i = 0; i < n_ex; i++) {
+        const int nt = ex[i].n_tok;
+        if (nt <= 0)
+            continue;
+        const int q = matvec && q8 && strata_xcpu_ffn_q8(&ex[i].gate, &ex[i].down);
+        off += ALIGN64(seg_prepare(&seg[j.n_seg], strata_xcpu_mode_for(&ex[i].down, matvec, q),
+                                   avx2, &ex[i].down, gbuf + go, nt, ex[i].y, scr + off));
+        j.rows += ex[i].down.ne1;
+        j.n_seg++;
+        go += (int64_t)nt * ex[i].gate.ne1;
+    }
+    strata_pool_run(pool, mm_worker, &j);
+    free(seg);
+    return 0;
 }
 
 int strata_xcpu_ffn(struct strata_pool *pool, const struct strata_mat *gate,
@@ -285,26 +435,12 @@ int strata_xcpu_ffn(struct strata_pool *pool, const struct strata_mat *gate,
                     int q8, const float *x, int n_tok, float *y, void *work,
                     struct strata_err *err)
 {
-    if (up->ne0 != gate->ne0 || up->ne1 != gate->ne1 || down->ne0 != gate->ne1 ||
-        down->ne1 != gate->ne0)
-        return strata_err_set(err, STRATA_E_INVALID,
-                              "CPU expert: ffn_gate [%lld, %lld], ffn_up [%lld, %lld] and "
-                              "ffn_down [%lld, %lld] do not chain",
-                              (long long)gate->ne1, (long long)gate->ne0, (long long)up->ne1,
-                              (long long)up->ne0, (long long)down->ne1, (long long)down->ne0);
-    const int64_t n_ff = gate->ne1;
-    const int use_q8 = matvec && q8 && strata_xcpu_ffn_q8(gate, down);
-    float *g = work, *u = g + (int64_t)n_tok * n_ff;
-    void *scratch = (char *)work + 8 * (size_t)n_tok * (size_t)n_ff;
-    int rc = strata_xcpu_matmul(pool, strata_xcpu_mode_for(gate, matvec, use_q8), gate, x, n_tok,
-                                g, scratch, err);
-    if (!rc)
-        rc = strata_xcpu_matmul(pool, strata_xcpu_mode_for(up, matvec, use_q8), up, x, n_tok, u,
-                                scratch, err);
-    if (rc)
-        return rc;
-    for (int64_t i = 0; i < (int64_t)n_tok * n_ff; i++)
-        g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
-    return strata_xcpu_matmul(pool, strata_xcpu_mode_for(down, matvec, use_q8), down, g, n_tok, y,
-                              scratch, err);
+    struct strata_xcpu_expert e;
+    e.gate = *gate;
+    e.up = *up;
+    e.down = *down;
+    e.x = x;
+    e.y = y;
+    e.n_tok = n_tok;
+    return strata_xcpu_ffn_batch(pool, &e, 1, matvec, q8, work, err);
 }

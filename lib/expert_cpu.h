@@ -63,19 +63,36 @@ void strata_xcpu_quantize_q8(const float *x, int64_t n, int8_t *q, float *d);
 int strata_xcpu_matmul(struct strata_pool *pool, int mode, const struct strata_mat *w,
                        const float *x, int n_tok, float *y, void *scratch,
                        struct strata_err *err);
+/* The same with the rows of one SIMD level (enum strata_simd of quant.h; the 8-bit
+ * path has scalar and AVX2 rows; < 0: strata_quant_simd_level()), for tests. */
+int strata_xcpu_matmul_simd(struct strata_pool *pool, int mode, const struct strata_mat *w,
+                            const float *x, int n_tok, float *y, void *scratch, int simd_level,
+                            struct strata_err *err);
 size_t strata_xcpu_scratch_bytes(int64_t ne0, int n_tok);
 
 /* One routed expert's FFN for n_tok input rows: y = down(silu(gate x) * (up x)), the
  * modes chosen per matrix as strata_xcpu_mode_for (matvec, q8 as there; in Q8 the
  * SwiGLU output is quantised before the down projection, as the GPU's fused kernel
- * writes it).  x: [n_tok, n_embd]; y: [n_tok, n_embd]; work: [n_tok, 2 * n_ff] floats
- * plus strata_xcpu_scratch_bytes(max(n_embd, n_ff), n_tok) bytes, i.e.
- * strata_xcpu_ffn_work_bytes.  Errors: those of strata_xcpu_matmul, STRATA_E_INVALID
- * (shapes that do not chain: names them). */
+ * writes it).  x: [n_tok, n_embd]; y: [n_tok, n_embd]; work:
+ * strata_xcpu_ffn_work_bytes(n_embd, n_ff, n_tok) bytes.  Errors: those of
+ * strata_xcpu_matmul, STRATA_E_INVALID (shapes that do not chain: names them). */
 int strata_xcpu_ffn(struct strata_pool *pool, const struct strata_mat *gate,
                     const struct strata_mat *up, const struct strata_mat *down, int matvec,
                     int q8, const float *x, int n_tok, float *y, void *work,
                     struct strata_err *err);
 size_t strata_xcpu_ffn_work_bytes(int64_t n_embd, int64_t n_ff, int n_tok);
+
+/* Several experts' FFNs in two pool runs (gate and up of all, then every down
+ * projection): expert i maps its n_tok rows x to y, as strata_xcpu_ffn.  work:
+ * strata_xcpu_ffn_work_bytes(n_embd, n_ff, total n_tok) for the largest n_embd and n_ff.
+ * Errors: as strata_xcpu_ffn (nothing computed), STRATA_E_NOMEM. */
+struct strata_xcpu_expert {
+    struct strata_mat gate, up, down;
+    const float *x; /* [n_tok, n_embd] */
+    float *y;       /* [n_tok, n_embd] */
+    int n_tok;
+};
+int strata_xcpu_ffn_batch(struct strata_pool *pool, const struct strata_xcpu_expert *ex,
+                          int n_ex, int matvec, int q8, void *work, struct strata_err *err);
 
 #endif

@@ -1,15 +1,29 @@
 /* bench_offload.c - speed of the GPU backend when only part of the routed experts fit
  * in VRAM (the expert cache), on a synthetic model (lib/synth.h):
  *
- *   bench_offload [--shape S] [--layers N] [--ftype F] [--pp P] [--tg T]
- *                 [--budget PCT[,PCT...]] [--pcie-frac auto|F[,...]] [--pcie-gbs G]
+ *   bench_offload [--shape S] [--layers N] [--ftype F] [--pp P[,P...]] [--tg T]
+ *                 [--prefill CHUNK] [--budget PCT[,PCT...]] [--pcie-frac auto|F[,...]]
+ *                 [--route model|uniform[,...]] [--pcie-gbs G] [--seed N]
  *
- * For each budget (percent of the routed experts in VRAM slots) and pcie_frac: pp = one
- * prompt of P tokens from an empty kv cache, tg = T decode steps after it; then the
- * expert cache's statistics (hit rates, PCIe bytes and CPU experts per token, time
- * split) and the floor of decoding: the bytes of the missed experts per token over the
- * combined bandwidth of PCIe (--pcie-gbs, default 55 GB/s, the measured pinned H2D of
- * the reference host) and the CPU's memory reads (measured here). */
+ * Every prompt and decode token is a uniformly random token id (as llama-bench feeds
+ * them), so routing follows the model, not a repeated token.  For each budget (percent
+ * of the routed experts in VRAM slots), pcie_frac and routing: after a 64-token
+ * warm-up, each ppP is one prompt of P tokens from an empty kv cache (in chunks of
+ * --prefill), and tgT is T decode steps from an empty kv cache (run first), each
+ * measured on its own with the expert cache's statistics of that phase: hit rate (distinct experts
+ * per batch, and token-expert pairs), bytes that missed the cache per token, bytes
+ * copied over PCIe and CPU experts per token, and the floor of the phase - the missed
+ * bytes over the combined bandwidth of PCIe (--pcie-gbs, default 55 GB/s, the measured
+ * pinned H2D of the reference host) and the CPU (its measured memory read bandwidth);
+ * then this run's own split: its PCIe bytes over --pcie-gbs and its CPU experts'
+ * bytes over the rate the CPU experts ran at (their bytes over their measured time).
+ *
+ * --route uniform replaces the router's choice by uniformly random distinct experts
+ * (STRATA_EC_ROUTE=uniform, read by the GPU backend): the logits are then meaningless,
+ * but the traffic is that of a model whose routing has no locality at all - the worst
+ * case for a cache, and what a per-layer placement (llama.cpp --n-cpu-moe) sees
+ * whatever the routing.  Prefetch is off there: it predicts the router's choice, not
+ * the random one. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,172 +45,256 @@ static double now(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static char logbuf[1 << 16];
-static size_t loglen;
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static uint32_t rnd(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 32);
+}
+
+/* uniform in [0, n) */
+static int32_t rnd_below(int32_t n)
+{
+    return (int32_t)(((uint64_t)rnd() * (uint64_t)n) >> 32);
+}
 
 static void sink(int level, const char *msg, void *ud)
 {
-    (void)level;
     (void)ud;
-    size_t n = strlen(msg);
-    fprintf(stderr, "%s\n", msg);
-    if (loglen + n + 2 < sizeof logbuf) {
-        memcpy(logbuf + loglen, msg, n);
-        loglen += n;
-        logbuf[loglen++] = '\n';
-        logbuf[loglen] = 0;
-    }
+    if (level <= STRATA_LOG_WARN || getenv("BENCH_VERBOSE") ||
+        strstr(msg, "PCIe probe") || strstr(msg, "memory plan: cache") ||
+        strstr(msg, "cannot pin"))
+        fprintf(stderr, "%s\n", msg);
 }
 
-static double after(const char *key)
+struct phase {
+    double tok_s, hit, pair_hit, miss_mb, pcie_mb, cpu_exp, cpu_mb, floor_ms, ms,
+        run_pcie_ms, run_cpu_ms, cpu_rate;
+};
+
+/* The statistics of the phase just run (n tokens in t seconds). */
+static void phase_stats(struct strata_engine *e, const double *rec, int n, double t,
+                        double pcie_gbs, double cpu_gbs, struct phase *ph)
 {
-    const char *p = strstr(logbuf, key);
-    return p ? atof(p + strlen(key)) : -1;
+    struct strata_expert_cache *ec = NULL;
+    struct strata_ec_times tm;
+    memset(ph, 0, sizeof *ph);
+    ph->tok_s = n / t;
+    ph->ms = t / n * 1e3;
+    if (!strata_engine_expert_stats(e, &ec, &tm))
+        return;
+    const struct strata_model *m = strata_engine_model(e);
+    uint64_t dem = 0, hit = 0, pairs = 0, phit = 0, pcie = 0, cpu = 0;
+    double miss_b = 0, cpu_b = 0;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        if (!m->layers[il].is_moe)
+            continue;
+        const struct strata_ec_layer_stats *s = strata_ec_stats(ec, (int)il);
+        dem += s->demanded;
+        hit += s->hits;
+        pairs += s->pairs;
+        phit += s->pair_hits;
+        pcie += s->pcie_bytes;
+        cpu += s->cpu;
+        miss_b += (double)(s->demanded - s->hits) * rec[il];
+        cpu_b += (double)s->cpu * rec[il];
+    }
+    ph->hit = dem ? 100.0 * hit / dem : 0;
+    ph->pair_hit = pairs ? 100.0 * phit / pairs : 0;
+    ph->miss_mb = miss_b / n / 1e6;
+    ph->pcie_mb = pcie / (double)n / 1e6;
+    ph->cpu_exp = cpu / (double)n;
+    ph->cpu_mb = cpu_b / n / 1e6;
+    ph->floor_ms = miss_b / n / ((pcie_gbs + (cpu_gbs > 0 ? cpu_gbs : 0)) * 1e9) * 1e3;
+    ph->run_pcie_ms = pcie / (double)n / (pcie_gbs * 1e9) * 1e3;
+    ph->cpu_rate = tm.cpu_s > 0 ? cpu_b / tm.cpu_s / 1e9 : 0;
+    ph->run_cpu_ms = tm.cpu_s / n * 1e3;
+}
+
+static void print_phase(const char *name, const struct phase *p)
+{
+    double fl = p->run_pcie_ms > p->run_cpu_ms ? p->run_pcie_ms : p->run_cpu_ms;
+    printf("  %-7s %9.1f tok/s (%.3f ms/token) | hit %5.1f%% (pairs %5.1f%%) | missed %7.2f "
+           "MB/token | PCIe %7.2f MB/token | CPU %5.2f experts (%.2f MB)/token at %.1f GB/s | "
+           "floor %.3f ms = %.0f tok/s (best split), this split %.3f ms = %.0f tok/s\n",
+           name, p->tok_s, p->ms, p->hit, p->pair_hit, p->miss_mb, p->pcie_mb, p->cpu_exp,
+           p->cpu_mb, p->cpu_rate, p->floor_ms, p->floor_ms > 0 ? 1e3 / p->floor_ms : 0, fl,
+           fl > 0 ? 1e3 / fl : 0);
 }
 
 int main(int argc, char **argv)
 {
     const char *shape = "qwen3-30b-a3b", *ftype = "Q4_K_M", *budgets = "25,50",
-               *fracs = "auto,1";
-    int layers = 12, pp = 512, tg = 64;
+               *fracs = "1,auto", *pps = "512,2048", *routes = "model,uniform";
+    int layers = 12, tg = 128, prefill = 2048;
     double pcie_gbs = 55;
     for (int i = 1; i < argc; i++) {
         if (i + 1 < argc && !strcmp(argv[i], "--shape")) shape = argv[++i];
         else if (i + 1 < argc && !strcmp(argv[i], "--layers")) layers = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--ftype")) ftype = argv[++i];
-        else if (i + 1 < argc && !strcmp(argv[i], "--pp")) pp = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--pp")) pps = argv[++i];
         else if (i + 1 < argc && !strcmp(argv[i], "--tg")) tg = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--prefill")) prefill = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--budget")) budgets = argv[++i];
         else if (i + 1 < argc && !strcmp(argv[i], "--pcie-frac")) fracs = argv[++i];
+        else if (i + 1 < argc && !strcmp(argv[i], "--route")) routes = argv[++i];
         else if (i + 1 < argc && !strcmp(argv[i], "--pcie-gbs")) pcie_gbs = atof(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--seed"))
+            rng_state = strtoull(argv[++i], NULL, 0) | 1;
         else {
-            fprintf(stderr, "usage: bench_offload [--shape S] [--layers N] [--ftype F] [--pp P] "
-                    "[--tg T] [--budget PCT,...] [--pcie-frac auto|F,...] [--pcie-gbs G]\n");
+            fprintf(stderr, "usage: bench_offload [--shape S] [--layers N] [--ftype F] "
+                    "[--pp P,...] [--tg T] [--prefill CHUNK] [--budget PCT,...] "
+                    "[--pcie-frac auto|F,...] [--route model|uniform,...] [--pcie-gbs G] "
+                    "[--seed N]\n");
             return 2;
         }
+    }
+    int pp_list[8], n_pp = 0, pp_max = 64;
+    {
+        char pl[128];
+        snprintf(pl, sizeof pl, "%s", pps);
+        for (char *p = strtok(pl, ","); p && n_pp < 8; p = strtok(NULL, ",")) {
+            pp_list[n_pp] = atoi(p);
+            if (pp_list[n_pp] > 0) {
+                pp_max = pp_list[n_pp] > pp_max ? pp_list[n_pp] : pp_max;
+                n_pp++;
+            }
+        }
+    }
+    if (prefill < 1 || tg < 1) {
+        fprintf(stderr, "bench_offload: --prefill and --tg must be >= 1\n");
+        return 2;
     }
     struct strata_err err = {0, ""};
     struct strata_synth_opts so = {shape, layers, ftype, 42};
     void *buf = NULL;
     size_t size = 0;
     struct strata_gguf *g = NULL;
+    struct strata_model *mm = NULL;
     double t0 = now();
     int rc = strata_synth_build(&so, &buf, &size, &err);
     if (!rc)
         rc = strata_gguf_open_mem(&g, buf, size, shape, &err);
+    if (!rc)
+        rc = strata_model_load(&mm, g, &err);
     if (rc) {
         fprintf(stderr, "bench_offload: %s\n", err.msg);
         return 1;
     }
     printf("synthetic %s, %d layers, %s: %.2f GB built in %.1f s\n", shape, layers, ftype,
            size / 1e9, now() - t0);
+    /* bytes of one expert record per layer, and the routed experts in all */
+    double *rec = calloc(mm->hp.n_layer, sizeof(double));
+    int n_moe = 0;
+    for (uint32_t il = 0; rec && il < mm->hp.n_layer; il++) {
+        const struct strata_layer *L = &mm->layers[il];
+        if (!L->is_moe)
+            continue;
+        n_moe++;
+        rec[il] = (double)(L->ffn_gate_exps.nb1 * L->ffn_gate_exps.ne[1] +
+                           L->ffn_up_exps.nb1 * L->ffn_up_exps.ne[1] +
+                           L->ffn_down_exps.nb1 * L->ffn_down_exps.ne[1]);
+    }
+    const int n_expert = (int)mm->hp.n_expert;
     int n_threads = strata_pool_cpu_count();
     double cpu_gbs = strata_probe_mem_read_gbs(256u << 20, n_threads);
     printf("CPU memory read bandwidth %.1f GB/s (%d threads); PCIe %.1f GB/s assumed for the "
-           "floor\n", cpu_gbs, n_threads, pcie_gbs);
-    char bl[256], fl[256];
+           "floor; %d MoE layers x %d experts, top-%u; random token ids (seed %#llx)\n",
+           cpu_gbs, n_threads, pcie_gbs, n_moe, n_expert, mm->hp.n_expert_used,
+           (unsigned long long)rng_state);
+    char bl[256], fl[256], rl[256];
+    int failed = 0;
     snprintf(bl, sizeof bl, "%s", budgets);
-    for (char *bs = strtok(bl, ","); bs; bs = strtok(NULL, ",")) {
-        snprintf(fl, sizeof fl, "%s", fracs);
-        char *fsave = NULL;
-        for (char *fs = strtok_r(fl, ",", &fsave); fs; fs = strtok_r(NULL, ",", &fsave)) {
-            struct strata_ec_cfg cfg;
-            strata_ec_cfg_init(&cfg);
-            cfg.stats = 1;
-            cfg.pcie_frac = strcmp(fs, "auto") ? atof(fs) : -1;
-            struct strata_engine_opts o;
-            strata_engine_opts_init(&o);
-            o.backend = getenv("STRATA_BACKEND") ? getenv("STRATA_BACKEND") : "cuda";
-            o.n_ctx = pp + tg + 16;
-            o.n_prefill = pp;
-            o.n_threads = n_threads;
-            o.backend_cfg = &cfg;
-            struct strata_engine *e = NULL;
-            int n_moe = 0, k_used = 0;
-            double rec = 0; /* mean bytes of one expert */
-            /* the slot count needs the model: open once to count, as the backend does */
-            {
-                struct strata_model *mm = NULL;
-                if (strata_model_load(&mm, g, &err)) {
-                    fprintf(stderr, "bench_offload: %s\n", err.msg);
-                    return 1;
+    char *bsave = NULL;
+    for (char *bs = strtok_r(bl, ",", &bsave); bs && rec; bs = strtok_r(NULL, ",", &bsave)) {
+        snprintf(rl, sizeof rl, "%s", routes);
+        char *rsave = NULL;
+        for (char *rs = strtok_r(rl, ",", &rsave); rs; rs = strtok_r(NULL, ",", &rsave)) {
+            snprintf(fl, sizeof fl, "%s", fracs);
+            char *fsave = NULL;
+            for (char *fs = strtok_r(fl, ",", &fsave); fs; fs = strtok_r(NULL, ",", &fsave)) {
+                struct strata_ec_cfg cfg;
+                strata_ec_cfg_init(&cfg);
+                cfg.pcie_frac = strcmp(fs, "auto") ? atof(fs) : -1;
+                cfg.slots = (int)(atof(bs) / 100.0 * n_moe * n_expert + 0.5);
+                struct strata_engine_opts o;
+                strata_engine_opts_init(&o);
+                o.backend = getenv("STRATA_BACKEND") ? getenv("STRATA_BACKEND") : "cuda";
+                o.n_ctx = (pp_max > tg ? pp_max : tg) + 16;
+                o.n_prefill = prefill;
+                o.n_threads = n_threads;
+                o.backend_cfg = &cfg;
+                /* uniform: no prefetch, which predicts the router's choice, not the
+                 * random one that replaces it */
+                cfg.no_prefetch = !strcmp(rs, "uniform");
+                if (cfg.no_prefetch)
+                    setenv("STRATA_EC_ROUTE", "uniform", 1);
+                else
+                    unsetenv("STRATA_EC_ROUTE");
+                struct strata_engine *e = NULL;
+                strata_log_set_sink(sink, NULL);
+                t0 = now();
+                rc = strata_engine_open_gguf(&e, g, &o, &err);
+                double t_open = now() - t0;
+                int nv = rc ? 0 : strata_engine_n_vocab(e);
+                int n_ids = pp_max > tg ? pp_max : tg;
+                int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_ids);
+                float *logits = malloc(sizeof(float) * (size_t)(nv ? nv : 1));
+                if (!rc && (!ids || !logits))
+                    rc = strata_err_set(&err, STRATA_E_NOMEM, "out of memory");
+                printf("budget %s%% (%d of %d experts), pcie_frac %s, %s routing: open %.1f s\n",
+                       bs, cfg.slots, n_moe * n_expert, fs, rs, t_open);
+                for (int i = 0; !rc && i < 64; i++)
+                    ids[i] = rnd_below(nv);
+                if (!rc)
+                    rc = strata_engine_eval(e, ids, 64, STRATA_LOGITS_LAST, logits, &err);
+                /* decode first, then the prompts: a phase that fails is reported and the
+                 * next configuration runs */
+                for (int p = -1; p < n_pp && !rc; p++) {
+                    struct phase ph;
+                    char name[32];
+                    int n = p < 0 ? tg : pp_list[p];
+                    snprintf(name, sizeof name, p < 0 ? "tg%d" : "pp%d", n);
+                    for (int i = 0; i < n; i++)
+                        ids[i] = rnd_below(nv);
+                    if ((rc = strata_engine_rollback(e, 0, &err)))
+                        break;
+                    strata_engine_expert_stats_reset(e);
+                    double a = now();
+                    if (p < 0)
+                        for (int i = 0; i < n && !rc; i++)
+                            rc = strata_engine_eval(e, ids + i, 1, STRATA_LOGITS_LAST, logits,
+                                                    &err);
+                    else
+                        rc = strata_engine_eval(e, ids, n, STRATA_LOGITS_LAST, logits, &err);
+                    double t = now() - a;
+                    if (rc) {
+                        printf("  %-7s failed: %s\n", name, err.msg);
+                        break;
+                    }
+                    phase_stats(e, rec, n, t, pcie_gbs, cpu_gbs, &ph);
+                    print_phase(name, &ph);
                 }
-                n_moe = 0;
-                rec = 0;
-                for (uint32_t il = 0; il < mm->hp.n_layer; il++) {
-                    const struct strata_layer *L = &mm->layers[il];
-                    if (!L->is_moe)
-                        continue;
-                    n_moe++;
-                    rec += (double)(L->ffn_gate_exps.nb1 * L->ffn_gate_exps.ne[1] +
-                                    L->ffn_up_exps.nb1 * L->ffn_up_exps.ne[1] +
-                                    L->ffn_down_exps.nb1 * L->ffn_down_exps.ne[1]);
-                }
-                rec /= n_moe ? n_moe : 1;
-                k_used = (int)mm->hp.n_expert_used;
-                cfg.slots = (int)(atof(bs) / 100.0 * n_moe * mm->hp.n_expert + 0.5);
-                strata_model_free(mm);
-            }
-            loglen = 0;
-            logbuf[0] = 0;
-            strata_log_set_sink(sink, NULL);
-            t0 = now();
-            rc = strata_engine_open_gguf(&e, g, &o, &err);
-            if (rc) {
+                strata_engine_close(e);
                 strata_log_set_sink(NULL, NULL);
-                fprintf(stderr, "bench_offload: %s\n", err.msg);
-                return 1;
+                free(ids);
+                free(logits);
+                if (rc) {
+                    fprintf(stderr, "bench_offload: %s\n", err.msg);
+                    failed = 1;
+                    rc = 0;
+                }
+                fflush(stdout);
             }
-            double t_open = now() - t0;
-            int nv = strata_engine_n_vocab(e);
-            int32_t *ids = malloc(sizeof(int32_t) * (size_t)(pp + tg));
-            float *logits = malloc(sizeof(float) * (size_t)nv);
-            for (int i = 0; i < pp + tg; i++)
-                ids[i] = (int32_t)((i * 2654435761u) % (unsigned)nv);
-            /* a warm-up prompt, then the measured one */
-            rc = strata_engine_eval(e, ids, pp < 64 ? pp : 64, STRATA_LOGITS_LAST, logits, &err);
-            if (!rc)
-                rc = strata_engine_rollback(e, 0, &err);
-            double a = now();
-            if (!rc)
-                rc = strata_engine_eval(e, ids, pp, STRATA_LOGITS_LAST, logits, &err);
-            double t_pp = now() - a;
-            a = now();
-            for (int i = 0; i < tg && !rc; i++)
-                rc = strata_engine_eval(e, ids + pp + i, 1, STRATA_LOGITS_LAST, logits, &err);
-            double t_tg = now() - a;
-            strata_engine_close(e);
-            strata_log_set_sink(NULL, NULL);
-            free(ids);
-            free(logits);
-            if (rc) {
-                fprintf(stderr, "bench_offload: %s\n", err.msg);
-                return 1;
-            }
-            /* the statistics cover warm-up, prompt and decode; the floor uses the
-             * decode-heavy per-token figures they give */
-            double hit = -1;
-            const char *all = strstr(logbuf, "\n  all ");
-            if (all)
-                hit = atof(all + 7);
-            const char *cp = strstr(logbuf, "expert copies: ");
-            double mb_tok = cp && strchr(cp, '(') ? atof(strchr(cp, '(') + 1) : -1;
-            double cpu_tok = after("CPU experts ");
-            /* decode floor: the missed experts' bytes of one token over both paths */
-            double miss_b = hit >= 0 ? n_moe * k_used * (1 - hit / 100) * rec : 0;
-            double floor_ms = miss_b / ((pcie_gbs + (cpu_gbs > 0 ? cpu_gbs : 0)) * 1e9) * 1e3;
-            double pcie_ms = miss_b / (pcie_gbs * 1e9) * 1e3;
-            printf("budget %s%% (%d slots), pcie_frac %s: open %.1f s, pp%d %.0f tok/s, "
-                   "tg%d %.1f tok/s (%.3f ms/token); expert hit rate %.1f%%, %.2f MB over "
-                   "PCIe and %.2f CPU experts per token (whole run); decode misses %.1f MB/token: "
-                   "floor %.3f ms = %.0f tok/s (PCIe + CPU), %.3f ms = %.0f tok/s (PCIe only)\n",
-                   bs, cfg.slots, fs, t_open, pp, pp / t_pp, tg, tg / t_tg, t_tg / tg * 1e3, hit,
-                   mb_tok, cpu_tok, miss_b / 1e6, floor_ms, floor_ms > 0 ? 1e3 / floor_ms : 0,
-                   pcie_ms, pcie_ms > 0 ? 1e3 / pcie_ms : 0);
-            fflush(stdout);
         }
     }
+    unsetenv("STRATA_EC_ROUTE");
+    free(rec);
+    strata_model_free(mm);
     strata_gguf_close(g);
     free(buf);
-    return 0;
+    return failed ? 1 : 0;
 }

@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "engine.h"
 #include "expert_cache.h"
 #include "gguf.h"
@@ -408,6 +410,24 @@ static void test_adapt_and_prefetch(void)
         fclose(f);
     }
     ok(strstr(txt, "100.00") != NULL, "stats print shows layer 1's 100%% hit rate");
+    /* the same in JSON, with the backend's time split */
+    struct strata_ec_times t = {2.0, 1.25, 0.5, 0.5, 300, 3, 0};
+    cJSON *j = (cJSON *)strata_ec_stats_json(ec, &t);
+    const cJSON *ls = cJSON_GetObjectItem(j, "layers");
+    const cJSON *l1 = NULL;
+    for (const cJSON *r = ls ? ls->child : NULL; r; r = r->next)
+        if (cJSON_GetNumberValue(cJSON_GetObjectItem(r, "layer")) == 1)
+            l1 = r;
+    const cJSON *ts = cJSON_GetObjectItem(j, "time_s");
+    ok(j && l1 && cJSON_GetNumberValue(cJSON_GetObjectItem(l1, "hit_rate")) == 1.0 &&
+           cJSON_GetNumberValue(cJSON_GetObjectItem(l1, "pcie_bytes_per_token")) ==
+               200.0 / (double)s1->tokens &&
+           cJSON_GetNumberValue(cJSON_GetObjectItem(l1, "prefetch_hit_rate")) == 1.0 &&
+           cJSON_GetNumberValue(cJSON_GetObjectItem(ts, "host")) == 0.25 &&
+           cJSON_GetNumberValue(cJSON_GetObjectItem(j, "copies")) == 3,
+       "stats as JSON: layer 1 hit rate 1, %.0f PCIe bytes per token, prefetches all used, "
+       "host time 2 - 1.25 - 0.5 s", 200.0 / (double)(s1->tokens ? s1->tokens : 1));
+    cJSON_Delete(j);
     strata_ec_free(ec);
 }
 

@@ -152,15 +152,25 @@ static void test_matmul(struct strata_pool *pool)
         const char *tn = strata_ggml_type_name(q8t[k]);
         if (!ok(make_mat(&b, q8t[k], ne0, ne1) == 0, "%s: random weights", tn))
             continue;
-        int rc = strata_xcpu_matmul(pool, STRATA_XCPU_Q8, &b.m, x, n_tok, y, scr, &err);
+        int rc = 0;
+        double e = 0;
         ref_matmul(&b, 0, x, n_tok, ref, mag);
-        double e = rc ? INFINITY : max_rel(y, ref, mag, n_tok * ne1);
-        ok(rc == 0 && e < 1e-5, "%s: 8-bit path = reference weights x q8 activations "
-           "(max error %.2e of the terms' magnitude)%s%s", tn, e, rc ? ": " : "", err.msg);
+        for (int lv = STRATA_SIMD_AVX2; lv >= STRATA_SIMD_SCALAR; lv--) {
+            if (lv > strata_quant_simd_detect()) {
+                ok(1, "# SKIP %s: no %s on this CPU", tn, strata_quant_simd_name(lv));
+                continue;
+            }
+            rc = strata_xcpu_matmul_simd(pool, STRATA_XCPU_Q8, &b.m, x, n_tok, y, scr, lv, &err);
+            e = rc ? INFINITY : max_rel(y, ref, mag, n_tok * ne1);
+            ok(rc == 0 && e < 1e-5, "%s, %s rows: 8-bit path = reference weights x q8 "
+               "activations (max error %.2e of the terms' magnitude)%s%s", tn,
+               strata_quant_simd_name(lv), e, rc ? ": " : "", err.msg);
+        }
         ref_matmul(&b, 1, x, n_tok, ref, mag);
         e = max_rel(y, ref, mag, n_tok * ne1);
         ok(e > 1e-4, "%s: the 8-bit path is not the float product (differs by %.2e)", tn, e);
-        rc = strata_xcpu_matmul(NULL, STRATA_XCPU_Q8, &b.m, x, n_tok, y2, scr, &err);
+        rc = strata_xcpu_matmul_simd(NULL, STRATA_XCPU_Q8, &b.m, x, n_tok, y2, scr,
+                                     STRATA_SIMD_SCALAR, &err);
         ok(rc == 0 && !memcmp(y, y2, sizeof(float) * n_tok * ne1),
            "%s: a pool of 3 threads gives the bits of one", tn);
         free_mat(&b);
@@ -255,6 +265,35 @@ static void test_ffn(struct strata_pool *pool)
         ok(rc == 0 && e < (k == 0 ? 2e-3 : 1e-5),
            "expert FFN, %s: equals the chained references (max error %.2e)%s%s", name[k],
            rc ? INFINITY : e, rc ? ": " : "", err.msg);
+    }
+    /* three experts in one batch (two pool runs) give the bits of one call each */
+    {
+        struct strata_xcpu_expert ex[3];
+        const int nt[3] = {1, 0, 2};
+        float *yb = malloc(sizeof(float) * 3 * n_embd), *y1 = malloc(sizeof(float) * 2 * n_embd);
+        void *wb = malloc(strata_xcpu_ffn_work_bytes(n_embd, n_ff, 3));
+        for (int i = 0; i < 3; i++) {
+            ex[i].gate = i == 1 ? u.m : g.m;
+            ex[i].up = i == 1 ? g.m : u.m;
+            ex[i].down = d.m;
+            ex[i].x = x + (i == 2 ? 0 : n_embd);
+            ex[i].y = yb + (i == 2 ? n_embd : 0);
+            ex[i].n_tok = nt[i];
+        }
+        int rc = strata_xcpu_ffn_batch(pool, ex, 3, 1, 1, wb, &err);
+        int same = rc == 0;
+        for (int i = 0; i < 3 && same; i++) {
+            if (!nt[i])
+                continue;
+            same = strata_xcpu_ffn(pool, &ex[i].gate, &ex[i].up, &ex[i].down, 1, 1, ex[i].x,
+                                   nt[i], y1, work, &err) == 0 &&
+                   !memcmp(y1, ex[i].y, sizeof(float) * nt[i] * n_embd);
+        }
+        ok(same, "a batch of 3 experts (1, 0 and 2 tokens) equals one call per expert%s%s",
+           rc ? ": " : "", rc ? err.msg : "");
+        free(yb);
+        free(y1);
+        free(wb);
     }
     int rc = strata_xcpu_ffn(pool, &g.m, &u.m, &g.m, 1, 1, x, n_tok, y, work, &err);
     ok(rc == STRATA_E_INVALID && strstr(err.msg, "ffn_down"),

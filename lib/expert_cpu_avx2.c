@@ -1,0 +1,165 @@
+/* expert_cpu_avx2.c - AVX2 rows of the 8-bit path of expert_cpu.c: the same integer
+ * dot products per scale group (maddubs of unsigned weight quants and signed
+ * activation quants, exact: no pair sum exceeds 16,002), scaled and summed in float
+ * lanes.  Compiled with -mavx2 -mfma (mk/expert_cpu.mk); called only when the CPU has
+ * them. */
+#include "expert_cpu_int.h"
+
+#if defined(__AVX2__)
+#include <immintrin.h>
+#include <string.h>
+
+#include "ggml_types.h"
+#include "quant.h"
+
+static float f16_at(const uint8_t *p)
+{
+    strata_f16 h;
+    memcpy(&h, p, sizeof h);
+    return strata_f16_to_f32(h);
+}
+
+static float hsum(__m256 v)
+{
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
+    return _mm_cvtss_f32(a);
+}
+
+static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+float strata_xcpu_dot_q8_avx2(uint32_t type, const uint8_t *row, int64_t ne0, const int8_t *xq,
+                              const float *xd, const int32_t *bsum)
+{
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F);
+    __m256 acc = _mm256_setzero_ps();
+    float off = 0.0f;
+    switch (type) {
+    case STRATA_TYPE_Q8_0:
+        for (int64_t b = 0; b < ne0 / 32; b++) {
+            const uint8_t *blk = row + b * 34;
+            __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 2));
+            __m256i x = _mm256_loadu_si256((const __m256i *)(xq + 32 * b));
+            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+            __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+            acc = _mm256_fmadd_ps(f, _mm256_set1_ps(f16_at(blk) * xd[b]), acc);
+        }
+        return hsum(acc);
+    case STRATA_TYPE_Q4_K:
+    case STRATA_TYPE_Q5_K: {
+        const int q5 = type == STRATA_TYPE_Q5_K, bs = q5 ? 176 : 144;
+        const __m256i m1 = _mm256_set1_epi8(1);
+        for (int64_t sb = 0; sb < ne0 / 256; sb++) {
+            const uint8_t *blk = row + sb * bs, *qs = blk + (q5 ? 48 : 16);
+            const int8_t *x = xq + sb * 256;
+            const float *d8 = xd + sb * 8;
+            const int32_t *bs8 = bsum + sb * 8;
+            const float d = f16_at(blk), dmin = f16_at(blk + 2);
+            __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
+            __m256 a = _mm256_setzero_ps();
+            float m = 0.0f;
+            for (int g = 0; g < 4; g++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * g));
+                __m256i lo = _mm256_and_si256(q, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                if (q5) {
+                    __m256i bl = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * g), m1);
+                    __m256i bh = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * g + 1), m1);
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(bl, 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(bh, 4));
+                }
+                __m256i xl = _mm256_loadu_si256((const __m256i *)(x + 64 * g));
+                __m256i xh = _mm256_loadu_si256((const __m256i *)(x + 64 * g + 32));
+                __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), ones);
+                __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), ones);
+                int sc0, mn0, sc1, mn1;
+                scale_min_k4(2 * g, blk + 4, &sc0, &mn0);
+                scale_min_k4(2 * g + 1, blk + 4, &sc1, &mn1);
+                a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pl), _mm256_set1_ps(d8[2 * g] * sc0), a);
+                a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ph), _mm256_set1_ps(d8[2 * g + 1] * sc1),
+                                    a);
+                m += d8[2 * g] * (float)(mn0 * bs8[2 * g]) +
+                     d8[2 * g + 1] * (float)(mn1 * bs8[2 * g + 1]);
+            }
+            acc = _mm256_fmadd_ps(a, _mm256_set1_ps(d), acc);
+            off += dmin * m;
+        }
+        return hsum(acc) - off;
+    }
+    case STRATA_TYPE_Q6_K: {
+        const __m256i m2 = _mm256_set1_epi8(3);
+        for (int64_t sb = 0; sb < ne0 / 256; sb++) {
+            const uint8_t *blk = row + sb * 210;
+            const int8_t *x = xq + sb * 256;
+            const float *d8 = xd + sb * 8;
+            /* bsum holds 16-value sums for Q6_K: the -32 offset per scale group */
+            const int32_t *b16 = bsum + sb * 16;
+            __m256 a = _mm256_setzero_ps();
+            for (int ip = 0; ip < 2; ip++) {
+                const uint8_t *ql = blk + 64 * ip;
+                const int8_t *sc = (const int8_t *)(blk + 192 + 8 * ip);
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * ip));
+                __m256i q0 = _mm256_loadu_si256((const __m256i *)ql);
+                __m256i q1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+                for (int s = 0; s < 4; s++) {
+                    __m256i lo = s & 1 ? q1 : q0;
+                    lo = _mm256_and_si256(s >> 1 ? _mm256_srli_epi16(lo, 4) : lo, m4);
+                    __m256i h = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), m2);
+                    __m256i w = _mm256_or_si256(lo, _mm256_slli_epi16(h, 4));
+                    __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 128 * ip + 32 * s));
+                    __m256i scv = _mm256_setr_m128i(_mm_set1_epi16(sc[2 * s]),
+                                                    _mm_set1_epi16(sc[2 * s + 1]));
+                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), scv);
+                    /* the quants' -32, exactly, per scale group of 16 */
+                    p = _mm256_sub_epi32(p, _mm256_setr_epi32(
+                                                32 * sc[2 * s] * b16[8 * ip + 2 * s], 0, 0, 0,
+                                                32 * sc[2 * s + 1] * b16[8 * ip + 2 * s + 1], 0,
+                                                0, 0));
+                    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d8[4 * ip + s]),
+                                        a);
+                }
+            }
+            acc = _mm256_fmadd_ps(a, _mm256_set1_ps(f16_at(blk + 208)), acc);
+        }
+        return hsum(acc);
+    }
+    default:
+        return 0.0f;
+    }
+}
+
+int strata_xcpu_have_avx2(void)
+{
+    return 1;
+}
+
+#else
+
+float strata_xcpu_dot_q8_avx2(uint32_t type, const uint8_t *row, int64_t ne0, const int8_t *xq,
+                              const float *xd, const int32_t *bsum)
+{
+    (void)type;
+    (void)row;
+    (void)ne0;
+    (void)xq;
+    (void)xd;
+    (void)bsum;
+    return 0.0f;
+}
+
+int strata_xcpu_have_avx2(void)
+{
+    return 0;
+}
+
+#endif
