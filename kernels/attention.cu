@@ -33,6 +33,17 @@ static __device__ __forceinline__ int split_width(int kv_end, int n_used)
     return ((kv_end + n_used - 1) / n_used + ATT_KEYS - 1) / ATT_KEYS * ATT_KEYS;
 }
 
+/* A value other blocks of the same launch wrote: read through L2 (NVIDIA ld.global.cg;
+ * elsewhere a volatile read) */
+static __device__ __forceinline__ float att_ld(const float *p)
+{
+#ifdef STRATA_GPU_CUDA
+    return __ldcg(p);
+#else
+    return *(const volatile float *)p;
+#endif
+}
+
 /* DPT = hd / 8: the output dimensions a thread owns (contiguous, so that value rows
  * are read as half2 pairs). */
 template <int DPT>
@@ -171,31 +182,108 @@ attn_kernel(struct strata_k_attn_args a)
             }
         }
     }
-    if (!valid)
-        return;
-    int64_t orow = (int64_t)t * a.n_head + h;
+    /* qs is free from here on: it holds the finished rows for the 8-bit output */
+    __syncthreads();
+    const int64_t orow = (int64_t)t * a.n_head + h;
     const int d0 = c8 * DPT;
-    if (r_used == 1) {
-        if (blockIdx.z != 0)
-            return;
-        float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    int fin = 0; /* this row's result is final in this block (and stashed in qs[r]) */
+    if (valid && r_used == 1) {
+        if (blockIdx.z == 0) {
+            float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+            for (int jd = 0; jd < DPT; jd++) {
+                float v = o[jd] * inv;
+                a.out[orow * hd + d0 + jd] = v;
+                qs[r][d0 + jd] = v;
+            }
+            fin = 1;
+        }
+    } else if (valid && (int)blockIdx.z < r_used) {
+        /* partial result of this split: [n_split][n_tok * n_head][hd + 2]; an empty one
+         * of the row's own splits is written too (m = -inf: the merge skips it) */
+        float *sp = a.scratch + ((int64_t)blockIdx.z * a.n_tok * a.n_head + orow) * (hd + 2);
 #pragma unroll
         for (int jd = 0; jd < DPT; jd++)
-            a.out[orow * hd + d0 + jd] = o[jd] * inv;
-        return;
+            sp[d0 + jd] = o[jd];
+        if (c8 == 0) {
+            sp[hd] = m;
+            sp[hd + 1] = l;
+        }
     }
-    /* a split past the row's own is not merged; an empty one of its own is written
-     * (m = -inf: the merge skips it) */
-    if ((int)blockIdx.z >= r_used)
-        return;
-    /* partial result of this split: [n_split][n_tok * n_head][hd + 2] */
-    float *sp = a.scratch + ((int64_t)blockIdx.z * a.n_tok * a.n_head + orow) * (hd + 2);
+    const int nz = splits_used(p0 + a.n_tok, a.n_split); /* blocks of this tile that run */
+    if (a.counters && nz > 1) {
+        /* the last block of the tile to finish merges its split rows, in split order as
+         * attn_merge_kernel does (threadFenceReduction pattern) */
+        __shared__ int last;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            int *cnt = a.counters + blockIdx.y * gridDim.x + blockIdx.x;
+            last = atomicAdd(cnt, 1) == nz - 1;
+            if (last)
+                *cnt = 0; /* every block of the tile has counted: ready for the next launch */
+        }
+        __syncthreads();
+        if (last && valid && r_used > 1) {
+            __threadfence();
+            const int64_t n_rows_out = (int64_t)a.n_tok * a.n_head;
+            float mx = -INFINITY, L = 0.0f, acc[DPT];
+            for (int z = 0; z < r_used; z++)
+                mx = fmaxf(mx, att_ld(a.scratch + ((int64_t)z * n_rows_out + orow) * (hd + 2) + hd));
+            for (int z = 0; z < r_used; z++) {
+                const float *sp = a.scratch + ((int64_t)z * n_rows_out + orow) * (hd + 2);
+                float sm = att_ld(sp + hd);
+                if (sm != -INFINITY)
+                    L += att_ld(sp + hd + 1) * __expf(sm - mx);
+            }
 #pragma unroll
-    for (int jd = 0; jd < DPT; jd++)
-        sp[d0 + jd] = o[jd];
-    if (c8 == 0) {
-        sp[hd] = m;
-        sp[hd + 1] = l;
+            for (int jd = 0; jd < DPT; jd++)
+                acc[jd] = 0.0f;
+            for (int z = 0; z < r_used; z++) {
+                const float *sp = a.scratch + ((int64_t)z * n_rows_out + orow) * (hd + 2);
+                float sm = att_ld(sp + hd);
+                if (sm != -INFINITY) {
+                    float f = __expf(sm - mx);
+#pragma unroll
+                    for (int jd = 0; jd < DPT; jd++)
+                        acc[jd] += att_ld(sp + d0 + jd) * f;
+                }
+            }
+#pragma unroll
+            for (int jd = 0; jd < DPT; jd++) {
+                float v = L > 0.0f ? acc[jd] / L : 0.0f;
+                a.out[orow * hd + d0 + jd] = v;
+                qs[r][d0 + jd] = v;
+            }
+            fin = 1;
+        }
+    }
+    if (a.out_q8) {
+        /* the finished rows as 8-bit blocks of 32 (hd % 32 == 0: a block never spans two
+         * heads), with strata_k_quantize_q8's formula: the same bytes */
+        __syncthreads();
+        if (fin) {
+            uint8_t *yq = (uint8_t *)a.out_q8 + (int64_t)t * a.out_q8_row;
+            const int64_t nq = (int64_t)a.n_head * hd;
+            for (int b = c8; b < hd / 32; b += 8) {
+                const float *v = &qs[r][32 * b];
+                float amax = 0.0f;
+                for (int j = 0; j < 32; j++)
+                    amax = fmaxf(amax, fabsf(v[j]));
+                float d = amax / 127.0f;
+                const int64_t i0 = (int64_t)h * hd + 32 * b;
+                for (int j = 0; j < 32; j += 4) {
+                    uint32_t pk = 0;
+#pragma unroll
+                    for (int jj = 0; jj < 4; jj++)
+                        pk |= (uint32_t)(uint8_t)(int8_t)(d > 0.0f ? __float2int_rn(v[j + jj] / d)
+                                                                   : 0)
+                              << (8 * jj);
+                    *(uint32_t *)(yq + i0 + j) = pk;
+                }
+                ((float *)(yq + nq))[i0 / 32] = d;
+            }
+        }
     }
 }
 
@@ -230,6 +318,12 @@ __global__ void attn_merge_kernel(const float *__restrict__ scratch, float *__re
     }
 }
 
+size_t strata_k_attn_counters(int n_tok, int n_head, int n_head_kv)
+{
+    int n_rows = n_tok * (n_head / n_head_kv);
+    return (size_t)((n_rows + ATT_ROWS - 1) / ATT_ROWS) * (size_t)n_head_kv;
+}
+
 size_t strata_k_attn_scratch_bytes(int n_tok, int n_head, int hd, int n_split)
 {
     return n_split > 1 ? sizeof(float) * (size_t)n_split * n_tok * n_head * (hd + 2) : 0;
@@ -240,12 +334,16 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
 {
     if (a->n_tok <= 0 || a->n_head <= 0 || a->n_head_kv <= 0 || a->n_head % a->n_head_kv ||
         a->hd <= 0 || a->hd > ATT_HD || a->hd % 8 || a->n_split < 1 || a->max_kv < a->n_tok ||
-        (a->n_split > 1 && !a->scratch))
+        (a->n_split > 1 && !a->scratch) ||
+        (a->out_q8 && (a->hd % 32 || (a->n_split > 1 && !a->counters) ||
+                       a->out_q8_row < (int64_t)strata_k_q8_row_bytes((int64_t)a->n_head * a->hd) ||
+                       (uintptr_t)a->out_q8 % 16 || a->out_q8_row % 16)))
         return strata_k_err(err, STRATA_E_INVALID,
                             "attention: bad shape n_tok=%d n_head=%d n_head_kv=%d hd=%d "
-                            "n_split=%d max_kv=%d (hd a multiple of 8, <= %d)",
+                            "n_split=%d max_kv=%d out_q8_row=%lld (hd a multiple of 8, <= %d; "
+                            "8-bit output: hd a multiple of 32, counters when split)",
                             a->n_tok, a->n_head, a->n_head_kv, a->hd, a->n_split, a->max_kv,
-                            ATT_HD);
+                            (long long)a->out_q8_row, ATT_HD);
     int n_rows = a->n_tok * (a->n_head / a->n_head_kv);
     dim3 grid((unsigned)((n_rows + ATT_ROWS - 1) / ATT_ROWS), (unsigned)a->n_head_kv,
               (unsigned)a->n_split),
@@ -268,7 +366,7 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
     int rc = strata_k_check(ctx, "attn_kernel", grid, block, err,
                             "n_tok=%d n_head=%d n_head_kv=%d hd=%d n_split=%d max_kv=%d",
                             a->n_tok, a->n_head, a->n_head_kv, a->hd, a->n_split, a->max_kv);
-    if (rc || a->n_split == 1)
+    if (rc || a->n_split == 1 || a->counters)
         return rc;
     dim3 g2((unsigned)(a->n_tok * a->n_head)), b2(128);
     strata_k_launch(ctx, attn_merge_kernel, g2, b2, (const float *)a->scratch, a->out,

@@ -79,6 +79,15 @@ struct gpu_state {
     /* [2 * MATVEC_MAX] counters of the last-block epilogues: the RMSNorm fused into a
      * mat-vec, then the routing fused into the router */
     int *norm_cnt;
+    /* attn_q8 (default; STRATA_NO_ATTQ=1 turns it off): the attention kernel merges its
+     * splits in the last block of each tile (counters attn_cnt) and writes the 8-bit rows
+     * of attn_output itself: two launches fewer per layer */
+    int attn_q8;
+    int *attn_cnt;
+    /* pin_in (default; STRATA_NO_PIN_IN=1 turns it off): pos0 and the token ids go to
+     * the device in one copy from pinned memory (h_in), s->ids = s->pos0 + 1 */
+    int pin_in;
+    int32_t *h_in;
     int32_t *ids, *pos0, *eids, *perm, *tiles, *n_tiles;
     int max_tiles;
     void **allocs;
@@ -387,6 +396,8 @@ static void gpu_free(void *state)
         (void)cudaFree(s->allocs[i]);
     if (s->h_logits)
         (void)cudaFreeHost(s->h_logits);
+    if (s->h_in)
+        (void)cudaFreeHost(s->h_in);
     if (s->ctx.stream)
         (void)cudaStreamDestroy(s->ctx.stream);
     (void)cudaGetLastError();
@@ -438,7 +449,6 @@ static int place_experts(struct gpu_state *s, const struct strata_engine_opts *o
     in.n_ub = s->n_ub;
     in.n_ctx = s->n_ctx;
     in.mv_max = MATVEC_MAX;
-    in.use_q8 = s->use_q8;
     in.vram_free = s->ctx.info.vram_free;
     in.kv_bytes = 2 * sizeof(__half) * (uint64_t)m->hp.n_layer * s->n_ctx * s->n_kv;
     uint64_t total = strata_model_total_bytes(m);
@@ -502,6 +512,9 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         const char *nq = getenv("STRATA_NO_MVQ"), *nf = getenv("STRATA_FUSE");
         s->use_q8 = !(nq && *nq && strcmp(nq, "0") != 0);
         s->fuse = nf && *nf && strcmp(nf, "0") != 0;
+        const char *na = getenv("STRATA_NO_ATTQ"), *ni = getenv("STRATA_NO_PIN_IN");
+        s->attn_q8 = !(na && *na && strcmp(na, "0") != 0);
+        s->pin_in = !(ni && *ni && strcmp(ni, "0") != 0);
         /* programmatic dependent launches (sm_90+): each decode kernel is scheduled
          * while the one before it finishes; STRATA_NO_PDL=1 turns them off */
         const char *np = getenv("STRATA_NO_PDL");
@@ -620,9 +633,19 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
                          "epilogue counters", err)) ||
             (rc = gpu_call(s, cudaMemset(s->norm_cnt, 0, 2 * sizeof(int) * MATVEC_MAX),
                            "cudaMemset (epilogue counters)", err)) ||
-            (rc = dalloc(s, (void **)&s->ids, 4 * T, "token ids", err)) ||
-            (rc = dalloc(s, (void **)&s->pos0, 4, "positions", err)))
+            (rc = dalloc(s, (void **)&s->attn_cnt,
+                         sizeof(int) * strata_k_attn_counters(MATVEC_MAX, s->n_head,
+                                                              s->n_head_kv),
+                         "attention counters", err)) ||
+            (rc = gpu_call(s, cudaMemset(s->attn_cnt, 0,
+                                         sizeof(int) * strata_k_attn_counters(
+                                                           MATVEC_MAX, s->n_head, s->n_head_kv)),
+                           "cudaMemset (attention counters)", err)) ||
+            (rc = dalloc(s, (void **)&s->pos0, 4 * (T + 1), "positions and token ids", err)) ||
+            (rc = gpu_call(s, cudaMallocHost((void **)&s->h_in, 4 * (T + 1)),
+                           "cudaMallocHost (positions and token ids)", err)))
             goto out;
+        s->ids = s->pos0 + 1;
     }
 #ifdef STRATA_GPU_CUDA
     blas_open(s);
@@ -953,9 +976,18 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
         aa.n_split = n <= MATVEC_MAX ? s->n_split : 1;
         aa.scale = 1.0f / sqrtf((float)s->hd);
         aa.scratch = s->attn_scratch;
+        /* the merge and the 8-bit rows of attn_output in the attention launch */
+        const int wo_q8 = mvq_ok(s, &D->wo, n);
+        if (s->attn_q8 && n <= MATVEC_MAX) {
+            aa.counters = s->attn_cnt;
+            if (wo_q8 && s->hd % 32 == 0) {
+                aa.out_q8 = s->attq;
+                aa.out_q8_row = (int64_t)strata_k_q8_row_bytes(s->n_q);
+            }
+        }
         if (OP("attention", strata_k_attention(&s->ctx, &aa, err)))
             goto fail;
-        if (mvq_ok(s, &D->wo, n)) {
+        if (wo_q8) {
             struct strata_k_mvq_args oa;
             memset(&oa, 0, sizeof(oa));
             oa.w = &D->wo;
@@ -969,8 +1001,9 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                 fuse_norm(s, &oa, D->ffn_norm);
                 normed = 1;
             }
-            if (OP("attn_out_q8", strata_k_quantize_q8(&s->ctx, s->att, s->n_q, s->n_q, n, 0,
-                                                       NULL, 0.0f, NULL, s->attq, err)) ||
+            if ((!aa.out_q8 &&
+                 OP("attn_out_q8", strata_k_quantize_q8(&s->ctx, s->att, s->n_q, s->n_q, n, 0,
+                                                        NULL, 0.0f, NULL, s->attq, err))) ||
                 OP("attn_output", strata_k_matvec_q8(&s->ctx, &oa, err)))
                 goto fail;
         } else if (OP("attn_output", proj(s, &D->wo, s->att, s->n_q, n, s->x, E, s->x, err)))
@@ -1019,7 +1052,7 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                  * a mat-vec batch all on the GPU comes back as remapped ids in s->eids
                  * for the kernels below (done = 0) */
                 struct strata_gpu_ec_io io = {s->xn, s->eids, s->act, s->eout, s->perm, s->tiles,
-                                              s->n_tiles, s->xq, s->actq};
+                                              s->n_tiles};
                 if (OP("moe_experts", strata_gpu_ec_moe(s->xc, il, n, &io, &done, err)))
                     goto fail;
             }
@@ -1111,10 +1144,16 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
     int32_t p0 = b->pos0;
     /* the host copies of pos0 and the ids must stay alive until the copies ran: they
      * are synchronised below before returning */
-    if ((rc = gpu_call(s, cudaMemcpyAsync(s->pos0, &p0, 4, cudaMemcpyHostToDevice, st),
-                       "copy of the batch position", err)))
+    if (s->pin_in && !b->embd) {
+        s->h_in[0] = p0;
+        memcpy(s->h_in + 1, b->ids, 4 * (size_t)n);
+        rc = gpu_call(s, cudaMemcpyAsync(s->pos0, s->h_in, 4 * (size_t)(n + 1),
+                                         cudaMemcpyHostToDevice, st),
+                      "copy of the batch position and token ids", err);
+    } else if ((rc = gpu_call(s, cudaMemcpyAsync(s->pos0, &p0, 4, cudaMemcpyHostToDevice, st),
+                              "copy of the batch position", err)))
         return rc;
-    if (b->embd) {
+    else if (b->embd) {
         rc = gpu_call(s, cudaMemcpyAsync(s->x, b->embd, 4 * (size_t)n * s->n_embd,
                                          cudaMemcpyHostToDevice, st),
                       "copy of the input embeddings", err);
@@ -1182,25 +1221,8 @@ static int gpu_n_devices(void)
     return n;
 }
 
-static int gpu_expert_stats(void *state, int reset, struct strata_expert_cache **ec,
-                            struct strata_ec_times *t)
-{
-    struct gpu_state *s = (struct gpu_state *)state;
-    if (!s->xc)
-        return 0;
-    if (reset) {
-        strata_ec_stats_reset(strata_gpu_ec_cache(s->xc));
-        strata_gpu_ec_times(s->xc, 1, NULL);
-        return 1;
-    }
-    *ec = strata_gpu_ec_cache(s->xc);
-    strata_gpu_ec_times(s->xc, 0, t);
-    return 1;
-}
-
 extern "C" const struct strata_backend_ops strata_backend_gpu_ops = {
     STRATA_GPU_RUNTIME_NAME, gpu_init, gpu_free, gpu_forward, gpu_kv_rollback, gpu_n_devices,
-    gpu_expert_stats,
 };
 
 #endif /* STRATA_GPU_HOST_PASS */

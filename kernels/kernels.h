@@ -172,6 +172,10 @@ struct strata_k_mvq_args {
     float *ny;
     void *nyq;
     int *counter;
+    /* PLAIN with 2 rows per group (ne1 >= 16384, Q6_K/Q8_0, rows 16-byte aligned):
+     * stage the rows through shared memory; 0: unless STRATA_NO_MVQ_STAGE=1, 1: yes,
+     * -1: no.  The results are the same bits either way. */
+    int stage;
 };
 int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_args *a,
                        struct strata_err *err);
@@ -247,7 +251,17 @@ struct strata_k_attn_args {
     int n_tok, n_head, n_head_kv, hd, max_kv, n_split;
     float scale;
     float *scratch;
+    /* optional (NULL: unused).  counters: strata_k_attn_counters() ints of device memory,
+     * zero before and after the launch: the splits are merged by the last block of each
+     * tile instead of a second launch.  out_q8: the output also as 8-bit rows of
+     * out_q8_row bytes (strata_k_quantize_q8's format and bytes); needs hd % 32 == 0,
+     * and counters when n_split > 1 */
+    int *counters;
+    void *out_q8;
+    int64_t out_q8_row;
 };
+/* ints of the counters of strata_k_attention for batches of up to n_tok tokens */
+size_t strata_k_attn_counters(int n_tok, int n_head, int n_head_kv);
 size_t strata_k_attn_scratch_bytes(int n_tok, int n_head, int hd, int n_split);
 int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_args *a,
                        struct strata_err *err);

@@ -14,9 +14,14 @@
 #include "dequant.cuh"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #define MVQ_THREADS 128 /* threads of a PLAIN/COMBINE block */
 #define MVQ_QROWS 32    /* rows of a GLU block: one q8 block of the output */
+/* shared bytes of a staged PLAIN block (the q8 activation row and the block's weight
+ * rows, copied with coalesced 16-byte loads before the dot products read them) */
+#define MVQ_STAGE_BYTES 16384
 
 size_t strata_k_q8_row_bytes(int64_t n)
 {
@@ -298,8 +303,12 @@ struct mvq_params {
     int *counter;
 };
 
-/* MODE: STRATA_K_MVQ_*; R rows per row group. */
-template <int T, int MODE, int R>
+/* MODE: STRATA_K_MVQ_*; R rows per row group.  STAGE (PLAIN only): the activation row
+ * and the block's weight rows are first copied to shared memory with 16-byte loads
+ * (rows 16-byte aligned, xq_row + rows * nb1 <= MVQ_STAGE_BYTES), so that the dot
+ * products' narrow, 2-byte aligned reads (Q6_K, Q8_0) stay out of the L1/global path;
+ * the sums are the same, in the same order. */
+template <int T, int MODE, int R, int STAGE = 0>
 __global__ void __launch_bounds__(512) mvq_kernel(struct mvq_params p)
 {
     strata_pdl_wait();
@@ -315,6 +324,28 @@ __global__ void __launch_bounds__(512) mvq_kernel(struct mvq_params p)
 #pragma unroll
     for (int r = 0; r < R; r++)
         roff[r] = (size_t)min(r0 + r, p.ne1 - 1) * p.nb1;
+    __shared__ __align__(16) uint8_t stage[STAGE ? MVQ_STAGE_BYTES : 16];
+    if (STAGE) {
+        const int nx = (int)(p.xq_row / 16), nr = (int)(p.nb1 / 16), rows = groups * R;
+        const uint4 *gx = (const uint4 *)(p.xq + (size_t)(s / p.x_group) * p.xq_row);
+        const size_t base = p.ids ? (size_t)p.ids[s] * p.nb2 : 0;
+        const int rb = blockIdx.x * rows;
+        uint4 *sh = (uint4 *)stage;
+        for (int i = threadIdx.x; i < nx + rows * nr; i += blockDim.x) {
+            if (i < nx) {
+                sh[i] = gx[i];
+            } else {
+                int j = i - nx, sr = j / nr;
+                const uint4 *gw = (const uint4 *)(p.w + base +
+                                                  (size_t)min(rb + sr, p.ne1 - 1) * p.nb1);
+                sh[i] = gw[j - sr * nr];
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            roff[r] = (size_t)(grp * R + r) * p.nb1;
+    }
     float acc[R], acc2[R];
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -335,15 +366,16 @@ __global__ void __launch_bounds__(512) mvq_kernel(struct mvq_params p)
                               acc[r]);
         }
     } else {
-        const size_t base = p.ids ? (size_t)p.ids[s] * p.nb2 : 0;
-        const uint8_t *xr = p.xq + (size_t)(s / p.x_group) * p.xq_row;
+        const size_t base = STAGE ? 0 : p.ids ? (size_t)p.ids[s] * p.nb2 : 0;
+        const uint8_t *xr = STAGE ? stage : p.xq + (size_t)(s / p.x_group) * p.xq_row;
+        const uint8_t *wr = STAGE ? stage + p.xq_row : p.w;
         const int8_t *xq = (const int8_t *)xr;
         const float *xd = (const float *)(xr + ne0);
 #pragma unroll 2
         for (int i = gl; i < p.nu; i += tpr) {
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                acc[r] += mvq<T>::dot(p.w + base + roff[r], i, xq, xd);
+                acc[r] += mvq<T>::dot(wr + base + roff[r], i, xq, xd);
                 if (MODE == STRATA_K_MVQ_GLU)
                     acc2[r] += mvq<T>::dot(p.u + base + roff[r], i, xq, xd);
             }
@@ -411,11 +443,23 @@ int strata_k_matvec_q8_supported(uint32_t type)
     return type == KT_Q4_K || type == KT_Q5_K || type == KT_Q6_K || type == KT_Q8_0;
 }
 
-template <int T, int MODE, int R>
+template <int T, int MODE, int R, int STAGE = 0>
 static void mvq_launch(dim3 grid, dim3 block, const struct strata_gpu_ctx *ctx,
                        const struct mvq_params &p)
 {
-    strata_k_launch(ctx, mvq_kernel<T, MODE, R>, grid, block, p);
+    strata_k_launch(ctx, mvq_kernel<T, MODE, R, STAGE>, grid, block, p);
+}
+
+/* Staged PLAIN launches (mvq_kernel's STAGE) for the output projection: on unless
+ * STRATA_NO_MVQ_STAGE=1 (read once) */
+static int mvq_stage_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("STRATA_NO_MVQ_STAGE");
+        on = !(e && *e && strcmp(e, "0") != 0);
+    }
+    return on;
 }
 
 int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_args *a,
@@ -491,6 +535,11 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     int rows = mode == STRATA_K_MVQ_GLU ? MVQ_QROWS : MVQ_THREADS / p.tpr * R;
     dim3 grid((unsigned)((w->ne1 + rows - 1) / rows), (unsigned)a->n_slot);
     dim3 block((unsigned)(rows / R * p.tpr));
+    const int stage = mode == STRATA_K_MVQ_PLAIN && R == 2 && (w->type == KT_Q6_K ||
+                                                               w->type == KT_Q8_0) &&
+                      !(w->nb1 & 15) && !(w->nb2 & 15) && !((uintptr_t)w->data & 15) &&
+                      p.xq_row + (size_t)rows * w->nb1 <= MVQ_STAGE_BYTES &&
+                      (a->stage > 0 || (a->stage == 0 && mvq_stage_on()));
     switch (w->type) {
 #define CASE(T)                                                                               \
     case T:                                                                                   \
@@ -498,6 +547,8 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
             mvq_launch<T, STRATA_K_MVQ_GLU, 2>(grid, block, ctx, p);                  \
         else if (mode == STRATA_K_MVQ_COMBINE)                                                \
             mvq_launch<T, STRATA_K_MVQ_COMBINE, 1>(grid, block, ctx, p);              \
+        else if (R == 2 && stage)                                                             \
+            mvq_launch<T, STRATA_K_MVQ_PLAIN, 2, 1>(grid, block, ctx, p);             \
         else if (R == 2)                                                                      \
             mvq_launch<T, STRATA_K_MVQ_PLAIN, 2>(grid, block, ctx, p);                \
         else                                                                                  \

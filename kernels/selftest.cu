@@ -871,11 +871,15 @@ static int c_qkv(int dev, int mode, char *shapes, size_t sc, char *msg, size_t m
     return st_end(&s);
 }
 
-/* Causal GQA attention: arg 0 decode (one query, split-K), 1 prefill (a batch). */
-static int c_attention(int dev, int prefill, char *shapes, size_t sc, char *msg, size_t mc)
+/* Causal GQA attention: arg 0 decode (one query, split-K), 1 prefill (a batch), 2 decode
+ * with the merge in the last block and the 8-bit output (dequantised: within half a
+ * quantisation step of the reference). */
+static int c_attention(int dev, int mode, char *shapes, size_t sc, char *msg, size_t mc)
 {
     struct st s;
-    int n_tok = prefill ? 9 : 1, pos0 = prefill ? 4 : 70, n_head = 8, n_head_kv = 2, hd = 64;
+    const int prefill = mode == 1, q8 = mode == 2;
+    int n_tok = prefill ? 9 : q8 ? 2 : 1, pos0 = prefill ? 4 : q8 ? 300 : 70, n_head = 8,
+        n_head_kv = 2, hd = 64;
     int n_split = prefill ? 1 : 3;
     int n_kv = pos0 + n_tok, nq = n_tok * n_head * hd, nc = n_kv * n_head_kv * hd;
     snprintf(shapes, sc, "n_tok=%d pos0=%d heads %d/%d hd=%d split %d", n_tok, pos0, n_head,
@@ -925,6 +929,14 @@ static int c_attention(int dev, int prefill, char *shapes, size_t sc, char *msg,
     int32_t *dpos = (int32_t *)st_up(&s, &pos0, 4);
     size_t sb = strata_k_attn_scratch_bytes(n_tok, n_head, hd, n_split);
     float *dscr = sb ? (float *)st_dev(&s, sb) : NULL;
+    size_t n_cnt = strata_k_attn_counters(n_tok, n_head, n_head_kv);
+    size_t qrb = strata_k_q8_row_bytes(n_head * hd);
+    int *dcnt = q8 ? (int *)st_dev(&s, sizeof(int) * n_cnt) : NULL;
+    uint8_t *dq8 = q8 ? (uint8_t *)st_dev(&s, qrb * n_tok) : NULL;
+    uint8_t *h8 = q8 ? (uint8_t *)st_host(&s, qrb * n_tok) : NULL;
+    int *hcnt = q8 ? (int *)st_host(&s, sizeof(int) * n_cnt) : NULL;
+    if (q8 && !s.rc)
+        ST_RT(&s, cudaMemset(dcnt, 0, sizeof(int) * n_cnt));
     if (!s.rc) {
         struct strata_k_attn_args a;
         memset(&a, 0, sizeof(a));
@@ -942,12 +954,35 @@ static int c_attention(int dev, int prefill, char *shapes, size_t sc, char *msg,
         a.n_split = n_split;
         a.scale = scale;
         a.scratch = dscr;
+        a.counters = dcnt;
+        a.out_q8 = dq8;
+        a.out_q8_row = (int64_t)qrb;
         struct strata_err err = {0, ""};
         int rc = strata_k_attention(&s.ctx, &a, &err);
-        st_launched(&s, prefill ? "attention prefill" : "attention decode", rc, &err, dout, 4 * nq);
+        st_launched(&s, prefill ? "attention prefill" : q8 ? "attention q8" : "attention decode",
+                    rc, &err, dout, 4 * nq);
     }
     st_down(&s, got, dout, 4 * nq);
     st_compare(&s, "attention", got, ref, nq, 2e-5, 2e-4);
+    if (q8) {
+        st_down(&s, h8, dq8, qrb * n_tok);
+        st_down(&s, hcnt, dcnt, sizeof(int) * n_cnt);
+        if (s.rc)
+            return st_end(&s);
+        for (size_t i = 0; i < n_cnt; i++)
+            if (hcnt[i] != 0) {
+                st_fail(&s, STRATA_SELFTEST_WRONG, "attention: counter %zu left at %d", i,
+                        hcnt[i]);
+                return st_end(&s);
+            }
+        const int nh = n_head * hd;
+        for (int t = 0; t < n_tok; t++)
+            for (int i = 0; i < nh; i++) {
+                const uint8_t *row = h8 + t * qrb;
+                got[t * nh + i] = ((const float *)(row + nh))[i / 32] * (float)(int8_t)row[i];
+            }
+        st_compare(&s, "attention q8 (dequantised)", got, ref, nq, 4.1e-3, 0.0);
+    }
     return st_end(&s);
 }
 
@@ -1195,6 +1230,7 @@ extern "C" const struct strata_selftest_table *strata_gpu_selftest_table(void)
     st_add(&n, "qkv_rope neox", 0, 0, c_qkv, 2);
     st_add(&n, "attention decode", 0, 0, c_attention, 0);
     st_add(&n, "attention prefill", 0, 0, c_attention, 1);
+    st_add(&n, "attention q8", 0, 0, c_attention, 2);
     st_add(&n, "moe_route", 0, 0, c_moe, 0);
     st_add(&n, "moe_combine", 0, 0, c_moe, 1);
     st_add(&n, "argmax", 0, 0, c_sample, 0);

@@ -27,7 +27,17 @@ static float hsum(__m256 v)
     return _mm_cvtss_f32(a);
 }
 
-static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m)
+/* [sum of p[0]'s lanes, ..., sum of p[7]'s lanes] */
+static __m256i sum8(const __m256i *p)
+{
+    __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+    __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(p[4], p[5]), _mm256_hadd_epi32(p[6], p[7]));
+    __m128i lo = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+    __m128i hi = _mm_add_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+    return _mm256_setr_m128i(lo, hi);
+}
+
+static void scale_min_k4(int j, const uint8_t *q, int32_t *sc, int32_t *m)
 {
     if (j < 4) {
         *sc = q[j] & 63;
@@ -43,7 +53,6 @@ float strata_xcpu_dot_q8_avx2(uint32_t type, const uint8_t *row, int64_t ne0, co
 {
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F);
     __m256 acc = _mm256_setzero_ps();
-    float off = 0.0f;
     switch (type) {
     case STRATA_TYPE_Q8_0:
         for (int64_t b = 0; b < ne0 / 32; b++) {
@@ -62,12 +71,12 @@ float strata_xcpu_dot_q8_avx2(uint32_t type, const uint8_t *row, int64_t ne0, co
         for (int64_t sb = 0; sb < ne0 / 256; sb++) {
             const uint8_t *blk = row + sb * bs, *qs = blk + (q5 ? 48 : 16);
             const int8_t *x = xq + sb * 256;
-            const float *d8 = xd + sb * 8;
-            const int32_t *bs8 = bsum + sb * 8;
-            const float d = f16_at(blk), dmin = f16_at(blk + 2);
-            __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16)) : _mm256_setzero_si256();
-            __m256 a = _mm256_setzero_ps();
-            float m = 0.0f;
+            int32_t sc[8], mn[8];
+            for (int j = 0; j < 8; j++)
+                scale_min_k4(j, blk + 4, &sc[j], &mn[j]);
+            __m256i qh = q5 ? _mm256_loadu_si256((const __m256i *)(blk + 16))
+                            : _mm256_setzero_si256();
+            __m256i p[8];
             for (int g = 0; g < 4; g++) {
                 __m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * g));
                 __m256i lo = _mm256_and_si256(q, m4);
@@ -80,31 +89,31 @@ float strata_xcpu_dot_q8_avx2(uint32_t type, const uint8_t *row, int64_t ne0, co
                 }
                 __m256i xl = _mm256_loadu_si256((const __m256i *)(x + 64 * g));
                 __m256i xh = _mm256_loadu_si256((const __m256i *)(x + 64 * g + 32));
-                __m256i pl = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), ones);
-                __m256i ph = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), ones);
-                int sc0, mn0, sc1, mn1;
-                scale_min_k4(2 * g, blk + 4, &sc0, &mn0);
-                scale_min_k4(2 * g + 1, blk + 4, &sc1, &mn1);
-                a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pl), _mm256_set1_ps(d8[2 * g] * sc0), a);
-                a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ph), _mm256_set1_ps(d8[2 * g + 1] * sc1),
-                                    a);
-                m += d8[2 * g] * (float)(mn0 * bs8[2 * g]) +
-                     d8[2 * g + 1] * (float)(mn1 * bs8[2 * g + 1]);
+                p[2 * g] = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), ones);
+                p[2 * g + 1] = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), ones);
             }
-            acc = _mm256_fmadd_ps(a, _mm256_set1_ps(d), acc);
-            off += dmin * m;
+            /* per sub-block j: d8[j] * (d * sc[j] * dot_j - dmin * mn[j] * sum_j), the
+             * integer products exact in float (below 2^24) */
+            __m256 dots = _mm256_cvtepi32_ps(sum8(p));
+            __m256 vsc = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)sc));
+            __m256 vmn = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)mn));
+            __m256 vbs = _mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *)(bsum + sb * 8)));
+            __m256 t = _mm256_sub_ps(_mm256_mul_ps(_mm256_set1_ps(f16_at(blk)),
+                                                   _mm256_mul_ps(vsc, dots)),
+                                     _mm256_mul_ps(_mm256_set1_ps(f16_at(blk + 2)),
+                                                   _mm256_mul_ps(vmn, vbs)));
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(xd + sb * 8), t, acc);
         }
-        return hsum(acc) - off;
+        return hsum(acc);
     }
     case STRATA_TYPE_Q6_K: {
         const __m256i m2 = _mm256_set1_epi8(3);
         for (int64_t sb = 0; sb < ne0 / 256; sb++) {
             const uint8_t *blk = row + sb * 210;
             const int8_t *x = xq + sb * 256;
-            const float *d8 = xd + sb * 8;
             /* bsum holds 16-value sums for Q6_K: the -32 offset per scale group */
             const int32_t *b16 = bsum + sb * 16;
-            __m256 a = _mm256_setzero_ps();
+            __m256i p[8];
             for (int ip = 0; ip < 2; ip++) {
                 const uint8_t *ql = blk + 64 * ip;
                 const int8_t *sc = (const int8_t *)(blk + 192 + 8 * ip);
@@ -119,17 +128,16 @@ float strata_xcpu_dot_q8_avx2(uint32_t type, const uint8_t *row, int64_t ne0, co
                     __m256i xv = _mm256_loadu_si256((const __m256i *)(x + 128 * ip + 32 * s));
                     __m256i scv = _mm256_setr_m128i(_mm_set1_epi16(sc[2 * s]),
                                                     _mm_set1_epi16(sc[2 * s + 1]));
-                    __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), scv);
+                    __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(w, xv), scv);
                     /* the quants' -32, exactly, per scale group of 16 */
-                    p = _mm256_sub_epi32(p, _mm256_setr_epi32(
-                                                32 * sc[2 * s] * b16[8 * ip + 2 * s], 0, 0, 0,
-                                                32 * sc[2 * s + 1] * b16[8 * ip + 2 * s + 1], 0,
-                                                0, 0));
-                    a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d8[4 * ip + s]),
-                                        a);
+                    p[4 * ip + s] = _mm256_sub_epi32(
+                        v, _mm256_setr_epi32(32 * sc[2 * s] * b16[8 * ip + 2 * s], 0, 0, 0,
+                                             32 * sc[2 * s + 1] * b16[8 * ip + 2 * s + 1], 0,
+                                             0, 0));
                 }
             }
-            acc = _mm256_fmadd_ps(a, _mm256_set1_ps(f16_at(blk + 208)), acc);
+            __m256 t = _mm256_mul_ps(_mm256_loadu_ps(xd + sb * 8), _mm256_cvtepi32_ps(sum8(p)));
+            acc = _mm256_fmadd_ps(t, _mm256_set1_ps(f16_at(blk + 208)), acc);
         }
         return hsum(acc);
     }

@@ -123,16 +123,22 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_gpu: %s\n", err.msg);
         return 1;
     }
-    /* --ab VAR[,VAR...]: the same measurement with each VAR=1 in the environment in
-     * turn (e.g. STRATA_NO_MVQ: float-activation mat-vec), then as the environment is */
+    /* --ab VAR[+VAR...][,...]: the same measurement with each group of VARs set to 1
+     * in the environment in turn (e.g. STRATA_NO_MVQ: float-activation mat-vec;
+     * STRATA_NO_ATTQ+STRATA_NO_PIN_IN: both at once), then as the environment is */
     for (const char *v = ab; v && *v && !rc;) {
-        char name[64], label[80];
+        char group[256], label[280];
         size_t len = strcspn(v, ",");
-        snprintf(name, sizeof name, "%.*s", (int)(len < sizeof name ? len : sizeof name - 1), v);
-        snprintf(label, sizeof label, "[%s=1] ", name);
-        setenv(name, "1", 1);
+        snprintf(group, sizeof group, "%.*s", (int)(len < sizeof group ? len : sizeof group - 1),
+                 v);
+        snprintf(label, sizeof label, "[%s=1] ", group);
+        for (char *n = strtok(group, "+"); n; n = strtok(NULL, "+"))
+            setenv(n, "1", 1);
         rc = bench_one(g, pp, tg, reps, label);
-        unsetenv(name);
+        snprintf(group, sizeof group, "%.*s", (int)(len < sizeof group ? len : sizeof group - 1),
+                 v);
+        for (char *n = strtok(group, "+"); n; n = strtok(NULL, "+"))
+            unsetenv(n);
         v += len + (v[len] == ',');
     }
     if (!rc)

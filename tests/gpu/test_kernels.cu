@@ -456,6 +456,60 @@ static void test_matvec_q8(uint32_t type, int64_t ne0, int64_t ne1, int n_exp, i
     free(add); free(ref); free(got); free(gq);
 }
 
+/* The staged PLAIN kernel (rows through shared memory) gives the bits of the direct
+ * one, expert ids and token groups included. */
+static void test_matvec_q8_stage(uint32_t type, int64_t ne0, int64_t ne1, int n_exp, int n_slot,
+                                 int x_group)
+{
+    struct strata_err err = {0, ""};
+    size_t rb, xrb = strata_k_q8_row_bytes(ne0);
+    int n_x = (n_slot + x_group - 1) / x_group;
+    uint8_t *w = kt_random_rows(type, ne0, ne1 * n_exp, &rb);
+    float *x = (float *)malloc(sizeof(float) * ne0 * n_x);
+    kt_fill(x, ne0 * n_x, 1.0f);
+    int32_t ids[16];
+    for (int i = 0; i < n_slot; i++)
+        ids[i] = (int32_t)(kt_u32() % n_exp);
+    void *dw = kt_up(w, rb * ne1 * n_exp);
+    float *dx = (float *)kt_up(x, sizeof(float) * ne0 * n_x);
+    int32_t *dids = (int32_t *)kt_up(ids, sizeof ids);
+    void *dxq = kt_dev(xrb * n_x);
+    float *dy0 = (float *)kt_dev(sizeof(float) * ne1 * n_slot);
+    float *dy1 = (float *)kt_dev(sizeof(float) * ne1 * n_slot);
+    float *y0 = (float *)malloc(sizeof(float) * ne1 * n_slot);
+    float *y1 = (float *)malloc(sizeof(float) * ne1 * n_slot);
+    kt_poison(dy0, sizeof(float) * ne1 * n_slot);
+    kt_poison(dy1, sizeof(float) * ne1 * n_slot);
+    struct strata_k_weight kw = {type, ne0, ne1, rb, rb * ne1, dw};
+    struct strata_k_mvq_args a;
+    memset(&a, 0, sizeof(a));
+    a.w = &kw;
+    a.mode = STRATA_K_MVQ_PLAIN;
+    a.ids = n_exp > 1 ? dids : NULL;
+    a.n_slot = n_slot;
+    a.x_group = x_group;
+    a.xq = dxq;
+    a.y_stride = ne1;
+    int rc = strata_k_quantize_q8(&ctx, dx, ne0, (int)ne0, n_x, 0, NULL, 0.0f, NULL, dxq, &err);
+    a.y = dy0;
+    a.stage = -1;
+    if (!rc)
+        rc = strata_k_matvec_q8(&ctx, &a, &err);
+    a.y = dy1;
+    a.stage = 1;
+    if (!rc)
+        rc = strata_k_matvec_q8(&ctx, &a, &err);
+    KT_CUDA(cudaDeviceSynchronize());
+    kt_down(y0, dy0, sizeof(float) * ne1 * n_slot);
+    kt_down(y1, dy1, sizeof(float) * ne1 * n_slot);
+    int same = !rc && memcmp(y0, y1, sizeof(float) * ne1 * n_slot) == 0;
+    ok(same, "matvec_q8 staged %s [%lld x %lld] x%d experts, %d slots/%d: %s %s",
+       strata_ggml_type_name(type), (long long)ne0, (long long)ne1, n_exp, n_slot, x_group,
+       same ? "same bits as direct" : "differs from direct", rc ? err.msg : "");
+    cudaFree(dw); cudaFree(dx); cudaFree(dids); cudaFree(dxq); cudaFree(dy0); cudaFree(dy1);
+    free(w); free(x); free(y0); free(y1);
+}
+
 /* A token's rows alone equal its rows inside a 7-token batch, bit for bit, in every
  * mode (the verify window guarantee). */
 static void test_matvec_q8_batch_invariance(uint32_t type, int mode)
@@ -619,6 +673,10 @@ static void test_q8(void)
     test_matvec_q8(STRATA_TYPE_Q6_K, 768, 2048, 16, 1, 1, 8, STRATA_K_MVQ_COMBINE, 1, 0);
     test_matvec_q8(STRATA_TYPE_Q6_K, 2048, 20001, 1, 1, 1, 1, STRATA_K_MVQ_PLAIN, 0, 0);
     test_matvec_q8(STRATA_TYPE_Q8_0, 8192, 1024, 1, 2, 1, 1, STRATA_K_MVQ_PLAIN, 0, 0);
+    test_matvec_q8(STRATA_TYPE_Q8_0, 512, 16390, 1, 3, 1, 1, STRATA_K_MVQ_PLAIN, 1, 0);
+    test_matvec_q8_stage(STRATA_TYPE_Q6_K, 2048, 16411, 1, 3, 1);
+    test_matvec_q8_stage(STRATA_TYPE_Q6_K, 2048, 16389, 3, 5, 2);
+    test_matvec_q8_stage(STRATA_TYPE_Q8_0, 512, 16390, 2, 17, 1);
     /* with the following RMSNorm fused (attn_output, the experts' down projections) */
     test_matvec_q8(STRATA_TYPE_Q4_K, 4096, 2048, 1, 3, 1, 1, STRATA_K_MVQ_PLAIN, 1, 0, 1);
     test_matvec_q8(STRATA_TYPE_Q6_K, 768, 2048, 16, 2, 1, 8, STRATA_K_MVQ_COMBINE, 1, 0, 1);
@@ -819,6 +877,50 @@ static void test_attention(int n_tok, int pos0, int n_head, int n_head_kv, int h
        n_head, n_head_kv, hd, n_split, e, rc ? err.msg : "");
     if (!rc && e > 1)
         diag("  at %zu: gpu %.9g ref %.9g", worst, got[worst], ref[worst]);
+    /* the merge in the last block of each tile, and the 8-bit output written by the
+     * attention launch: the bytes of strata_k_quantize_q8 on its float output; run
+     * twice, since the counters must be back at zero for the next launch */
+    int nh = n_head * hd;
+    size_t nc_cnt = strata_k_attn_counters(n_tok, n_head, n_head_kv);
+    size_t qrb = strata_k_q8_row_bytes(nh);
+    int *dcnt = (int *)kt_dev(sizeof(int) * nc_cnt);
+    KT_CUDA(cudaMemset(dcnt, 0, sizeof(int) * nc_cnt));
+    uint8_t *dq8 = (uint8_t *)kt_dev(qrb * n_tok), *dq8r = (uint8_t *)kt_dev(qrb * n_tok);
+    uint8_t *g8 = (uint8_t *)malloc(qrb * n_tok), *r8 = (uint8_t *)malloc(qrb * n_tok);
+    float *got2 = (float *)malloc(4 * nq);
+    int *hcnt = (int *)malloc(sizeof(int) * nc_cnt);
+    int with_q8 = hd % 32 == 0;
+    a.counters = dcnt;
+    a.out_q8 = with_q8 ? dq8 : NULL;
+    a.out_q8_row = (int64_t)qrb;
+    for (int run = 0; run < 2; run++) {
+        kt_poison(dout, 4 * nq);
+        kt_poison(dq8, qrb * n_tok);
+        kt_poison(dq8r, qrb * n_tok);
+        rc = strata_k_attention(&ctx, &a, &err);
+        if (!rc && with_q8)
+            rc = strata_k_quantize_q8(&ctx, dout, nh, nh, n_tok, 0, NULL, 0.0f, NULL, dq8r, &err);
+        KT_CUDA(cudaDeviceSynchronize());
+        kt_down(got2, dout, 4 * nq);
+        kt_down(g8, dq8, qrb * n_tok);
+        kt_down(r8, dq8r, qrb * n_tok);
+        kt_down(hcnt, dcnt, sizeof(int) * nc_cnt);
+        int zero = 1;
+        for (size_t i = 0; i < nc_cnt; i++)
+            zero &= hcnt[i] == 0;
+        double e2 = rc ? INFINITY : kt_err(got2, ref, nq, 2e-5, 2e-4, &worst);
+        int same8 = 1;
+        if (with_q8)
+            for (int t = 0; t < n_tok; t++)
+                same8 &= memcmp(g8 + t * qrb, r8 + t * qrb, nh + nh / 8) == 0;
+        ok(!rc && e2 <= 1 && zero && same8,
+           "attention (merge in the last block%s, run %d) n_tok=%d pos0=%d heads %d/%d hd=%d "
+           "split %d: err %.3g, counters %s, 8-bit rows %s %s",
+           with_q8 ? ", 8-bit output" : "", run, n_tok, pos0, n_head, n_head_kv, hd, n_split,
+           e2, zero ? "zero" : "left set", same8 ? "equal" : "differ", rc ? err.msg : "");
+    }
+    cudaFree(dcnt); cudaFree(dq8); cudaFree(dq8r);
+    free(g8); free(r8); free(got2); free(hcnt);
     cudaFree(dq); cudaFree(dout); cudaFree(dk); cudaFree(dv); cudaFree(dpos);
     if (dscr) cudaFree(dscr);
     free(q); free(kf); free(vf); free(kh); free(vh); free(ref); free(got); free(sc);
@@ -1019,6 +1121,8 @@ static void test_ops(void)
     test_attention(37, 0, 8, 2, 32, 1);
     test_attention(70, 50, 32, 4, 128, 1);
     test_attention(5, 200, 16, 16, 64, 3);
+    test_attention(3, 517, 12, 3, 96, 9);  /* 8-bit output, odd shapes, 5 of 9 splits */
+    test_attention(17, 120, 32, 4, 128, 32); /* a full verify window, 1 or 2 splits a row */
     test_route_combine(1, 128, 8, 1);
     test_route_combine(9, 16, 4, 1);
     test_route_combine(3, 60, 6, 0);
