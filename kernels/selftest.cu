@@ -493,6 +493,46 @@ static int c_matmul_grouped(int dev, int type, char *shapes, size_t sc, char *ms
     return matmul_case(dev, (uint32_t)type, 1, shapes, sc, msg, mc);
 }
 
+/* RMSNorm of rows rows of n values with weight w and eps 1e-6, in double. */
+static void st_rms_norm_ref(const float *x, const float *w, int n, int rows, float *ref)
+{
+    for (int r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int i = 0; i < n; i++)
+            ss += (double)x[r * n + i] * x[r * n + i];
+        double sc2 = 1.0 / sqrt(ss / n + 1e-6);
+        for (int i = 0; i < n; i++)
+            ref[r * n + i] = (float)(x[r * n + i] * sc2 * w[i]);
+    }
+}
+
+/* The routing reference: softmax over n_expert logits per token, the k largest (ties to
+ * the lower id), renormalised; ids and weights [n_tok, k].  n_expert <= 64. */
+static void st_route_ref(const float *lg, int n_tok, int n_expert, int k, int32_t *ids, float *w)
+{
+    for (int t = 0; t < n_tok; t++) {
+        const float *l = lg + t * n_expert;
+        double mx = -1e300, sum = 0, sel = 0;
+        char used[64] = {0};
+        for (int e = 0; e < n_expert; e++)
+            mx = fmax(mx, l[e]);
+        for (int e = 0; e < n_expert; e++)
+            sum += exp(l[e] - mx);
+        for (int j = 0; j < k; j++) {
+            int b = -1;
+            for (int e = 0; e < n_expert; e++)
+                if (!used[e] && (b < 0 || l[e] > l[b]))
+                    b = e;
+            used[b] = 1;
+            ids[t * k + j] = b;
+            w[t * k + j] = (float)(exp(l[b] - mx) / sum);
+            sel += w[t * k + j];
+        }
+        for (int j = 0; j < k; j++)
+            w[t * k + j] = (float)(w[t * k + j] / sel);
+    }
+}
+
 static int c_rms_norm(int dev, int arg, char *shapes, size_t sc, char *msg, size_t mc)
 {
     (void)arg;
@@ -508,14 +548,7 @@ static int c_rms_norm(int dev, int arg, char *shapes, size_t sc, char *msg, size
         return st_end(&s);
     kt_fill(x, (size_t)n * rows, 3.0f);
     kt_fill(w, n, 1.0f);
-    for (int r = 0; r < rows; r++) {
-        double ss = 0;
-        for (int i = 0; i < n; i++)
-            ss += (double)x[r * n + i] * x[r * n + i];
-        double sc2 = 1.0 / sqrt(ss / n + 1e-6);
-        for (int i = 0; i < n; i++)
-            ref[r * n + i] = (float)(x[r * n + i] * sc2 * w[i]);
-    }
+    st_rms_norm_ref(x, w, n, rows, ref);
     float *dx = (float *)st_up(&s, x, sizeof(float) * n * rows);
     float *dw = (float *)st_up(&s, w, sizeof(float) * n);
     float *dy = (float *)st_dev(&s, sizeof(float) * n * rows);
@@ -560,14 +593,7 @@ static int c_quantize_q8(int dev, int arg, char *shapes, size_t sc, char *msg, s
         return st_end(&s);
     kt_fill(x, (size_t)n * rows, 3.0f);
     kt_fill(w, n, 1.0f);
-    for (int r = 0; r < rows; r++) {
-        double ss = 0;
-        for (int i = 0; i < n; i++)
-            ss += (double)x[r * n + i] * x[r * n + i];
-        double sc2 = 1.0 / sqrt(ss / n + 1e-6);
-        for (int i = 0; i < n; i++)
-            ref[r * n + i] = (float)(x[r * n + i] * sc2 * w[i]);
-    }
+    st_rms_norm_ref(x, w, n, rows, ref);
     float *dx = (float *)st_up(&s, x, sizeof(float) * n * rows);
     float *dw = (float *)st_up(&s, w, sizeof(float) * n);
     float *dy = (float *)st_dev(&s, sizeof(float) * n * rows);
@@ -698,6 +724,79 @@ static int c_matvec_q8(int dev, int type, char *shapes, size_t sc, char *msg, si
     return st_end(&s);
 }
 
+/* The output projection's staged mat-vec (rows through shared memory; two rows per
+ * group from 16384 rows on): against double sums over the decoded weights, and bit for
+ * bit against the direct kernel. */
+static int c_matvec_q8_stage(int dev, int type, char *shapes, size_t sc, char *msg, size_t mc)
+{
+    struct st s;
+    const int64_t ne0 = 512, ne1 = 16390;
+    const int n_tok = 2;
+    size_t xrb = strata_k_q8_row_bytes(ne0);
+    snprintf(shapes, sc, "%s [%lld x %lld], %d tokens", strata_ggml_type_name(type),
+             (long long)ne0, (long long)ne1, n_tok);
+    st_begin(&s, dev, msg, mc);
+    struct st_w w;
+    st_weights(&s, &w, type, ne0, ne1, 1, 0);
+    float *x = (float *)st_host(&s, sizeof(float) * ne0 * n_tok);
+    float *xf = (float *)st_host(&s, sizeof(float) * ne0 * n_tok);
+    uint8_t *xq = (uint8_t *)st_host(&s, xrb * n_tok);
+    float *ref = (float *)st_host(&s, sizeof(float) * ne1 * n_tok);
+    float *got = (float *)st_host(&s, sizeof(float) * ne1 * n_tok);
+    float *direct = (float *)st_host(&s, sizeof(float) * ne1 * n_tok);
+    if (s.rc)
+        return st_end(&s);
+    kt_fill(x, ne0 * n_tok, 1.0f);
+    float *dx = (float *)st_up(&s, x, sizeof(float) * ne0 * n_tok);
+    void *dxq = st_dev(&s, xrb * n_tok);
+    float *dy = (float *)st_dev(&s, sizeof(float) * ne1 * n_tok);
+    float *dd = (float *)st_dev(&s, sizeof(float) * ne1 * n_tok);
+    if (!s.rc) {
+        struct strata_err err = {0, ""};
+        int rc = strata_k_quantize_q8(&s.ctx, dx, ne0, (int)ne0, n_tok, 0, NULL, 0.0f, NULL, dxq,
+                                      &err);
+        st_launched(&s, "quantize_q8", rc, &err, dxq, xrb * n_tok);
+    }
+    st_down(&s, xq, dxq, xrb * n_tok);
+    if (s.rc)
+        return st_end(&s);
+    st_q8_dequant(xq, ne0, n_tok, xf);
+    double max_mag = 0;
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t r = 0; r < ne1; r++) {
+            const float *wr = w.f + r * ne0, *xs = xf + t * ne0;
+            double a = 0, mag = 0;
+            for (int64_t i = 0; i < ne0; i++) {
+                a += (double)wr[i] * xs[i];
+                mag += fabs((double)wr[i] * xs[i]);
+            }
+            ref[t * ne1 + r] = (float)a;
+            max_mag = fmax(max_mag, mag);
+        }
+    for (int staged = 1; staged >= 0 && !s.rc; staged--) {
+        struct strata_k_mvq_args a;
+        memset(&a, 0, sizeof(a));
+        a.w = &w.kw;
+        a.mode = STRATA_K_MVQ_PLAIN;
+        a.n_slot = n_tok;
+        a.x_group = 1;
+        a.xq = dxq;
+        a.y = staged ? dy : dd;
+        a.y_stride = ne1;
+        a.stage = staged ? 1 : -1;
+        struct strata_err err = {0, ""};
+        int rc = strata_k_matvec_q8(&s.ctx, &a, &err);
+        st_launched(&s, staged ? "matvec_q8 staged" : "matvec_q8 plain", rc, &err, a.y,
+                    sizeof(float) * ne1 * n_tok);
+    }
+    st_down(&s, got, dy, sizeof(float) * ne1 * n_tok);
+    st_down(&s, direct, dd, sizeof(float) * ne1 * n_tok);
+    st_compare(&s, "matvec_q8 staged", got, ref, ne1 * n_tok, 1e-5 * max_mag + 1e-6, 1e-4);
+    if (!s.rc && memcmp(got, direct, sizeof(float) * ne1 * n_tok) != 0)
+        st_fail(&s, STRATA_SELFTEST_WRONG, "matvec_q8 staged: not the bits of the direct kernel");
+    return st_end(&s);
+}
+
 /* The router (F32 weights) and its top-k routing in one launch: logits against double
  * sums, ids and weights against the route reference on the logits the GPU made. */
 static int c_router_topk(int dev, int arg, char *shapes, size_t sc, char *msg, size_t mc)
@@ -748,27 +847,7 @@ static int c_router_topk(int dev, int arg, char *shapes, size_t sc, char *msg, s
                1e-5);
     if (s.rc)
         return st_end(&s);
-    for (int t = 0; t < n_tok; t++) {
-        const float *l = lg + t * n_expert;
-        double mx = -1e300, sum = 0, sel = 0;
-        char used[64] = {0};
-        for (int e = 0; e < n_expert; e++)
-            mx = fmax(mx, l[e]);
-        for (int e = 0; e < n_expert; e++)
-            sum += exp(l[e] - mx);
-        for (int j = 0; j < k; j++) {
-            int b = -1;
-            for (int e = 0; e < n_expert; e++)
-                if (!used[e] && (b < 0 || l[e] > l[b]))
-                    b = e;
-            used[b] = 1;
-            rid[t * k + j] = b;
-            wref[t * k + j] = (float)(exp(l[b] - mx) / sum);
-            sel += wref[t * k + j];
-        }
-        for (int j = 0; j < k; j++)
-            wref[t * k + j] = (float)(wref[t * k + j] / sel);
-    }
+    st_route_ref(lg, n_tok, n_expert, k, rid, wref);
     for (int i = 0; i < n_tok * k && !s.rc; i++)
         if (gid[i] != rid[i])
             st_fail(&s, STRATA_SELFTEST_WRONG,
@@ -998,32 +1077,11 @@ static int c_moe(int dev, int combine, char *shapes, size_t sc, char *msg, size_
     int32_t *rid = (int32_t *)st_host(&s, 4 * n_tok * k),
             *gid = (int32_t *)st_host(&s, 4 * n_tok * k);
     float *rw = (float *)st_host(&s, 4 * n_tok * k), *gw = (float *)st_host(&s, 4 * n_tok * k);
-    char *used = (char *)st_host(&s, n_expert);
     if (s.rc)
         return st_end(&s);
     kt_fill(lg, (size_t)n_tok * n_expert, 4.0f);
     lg[3] = lg[5] = 9.0f; /* a tie: the lower id first */
-    for (int t = 0; t < n_tok; t++) {
-        const float *l = lg + t * n_expert;
-        double mx = -1e300, sum = 0, sel = 0;
-        for (int e = 0; e < n_expert; e++)
-            mx = fmax(mx, l[e]);
-        for (int e = 0; e < n_expert; e++)
-            sum += exp(l[e] - mx);
-        memset(used, 0, n_expert);
-        for (int j = 0; j < k; j++) {
-            int b = -1;
-            for (int e = 0; e < n_expert; e++)
-                if (!used[e] && (b < 0 || l[e] > l[b]))
-                    b = e;
-            used[b] = 1;
-            rid[t * k + j] = b;
-            rw[t * k + j] = (float)(exp(l[b] - mx) / sum);
-            sel += rw[t * k + j];
-        }
-        for (int j = 0; j < k; j++)
-            rw[t * k + j] = (float)(rw[t * k + j] / sel);
-    }
+    st_route_ref(lg, n_tok, n_expert, k, rid, rw);
     if (combine) {
         float *y = (float *)st_host(&s, 4 * n_tok * k * n),
               *add = (float *)st_host(&s, 4 * n_tok * n);
@@ -1250,6 +1308,8 @@ extern "C" const struct strata_selftest_table *strata_gpu_selftest_table(void)
         st_add(&n, "matmul", t, 1, c_matmul, (int)t);
         if (strata_k_matvec_q8_supported(t))
             st_add(&n, "matvec_q8", t, 1, c_matvec_q8, (int)t);
+        if (t == STRATA_TYPE_Q8_0)
+            st_add(&n, "matvec_q8 staged", t, 1, c_matvec_q8_stage, (int)t);
     }
     st_table.api = STRATA_GPU_RUNTIME_NAME;
     st_table.archs = STRATA_GPU_ARCHS;
