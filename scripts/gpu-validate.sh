@@ -105,11 +105,21 @@ else
     tap t0900-gpu-spec 360 bash tests/gpu/t0900-gpu-spec.sh
     tap test_expert_offload 200 "$st/bin/test_expert_offload"
     grep -E '^# .*hit' "$log/test_expert_offload.tap" | head -6
+    # prompt chunks of 2,048 tokens give the perplexity that chunks of 512 give
+    for pf in 512 2048; do
+        timeout 60 "$st/bin/strata-generate" -m "$F/fixtures/models/tinycoder-moe-Q4_K_M.gguf" \
+            --backend cuda --perplexity "$F/fixtures/ref/heldout.py.txt" --ctx 2048 --chunks 2 \
+            --prefill $pf >"$log/ppl-prefill$pf.txt" 2>&1
+        echo "perplexity, ctx 2048, --prefill $pf: $(grep '^PPL' "$log/ppl-prefill$pf.txt" | tail -1)"
+    done
     timeout 200 "$st/bin/bench_gpu" --reps 3 >"$log/bench_gpu.txt" 2>&1 || rc=1
-    tail -4 "$log/bench_gpu.txt"
-    timeout 240 "$st/bin/bench_offload" ${BENCH_OFFLOAD_ARGS:---budget 25,50 --pcie-frac 1,auto --tg 128} \
+    tail -3 "$log/bench_gpu.txt"
+    timeout 120 "$st/bin/bench_gpu" --reps 2 --pp 2048 --tg 32 >"$log/bench_gpu2048.txt" 2>&1 || rc=1
+    tail -2 "$log/bench_gpu2048.txt"
+    timeout 240 "$st/bin/bench_offload" ${BENCH_OFFLOAD_ARGS:---budget 25,50 --pcie-frac 1,auto \
+        --route model,uniform --pp 512,2048 --prefill 2048 --tg 128} \
         >"$log/bench_offload.txt" 2>"$log/bench_offload.err" || rc=1
-    cat "$log/bench_offload.txt" | tail -20
+    tail -40 "$log/bench_offload.txt"
     timeout 200 scripts/bench-spec.sh -b "$st/bin" -x "$st/bin/bench_spec" -B cuda -t 16 -r 1 \
         -g 64 -R 1 -a --no-selftest >"$log/bench-spec-gpu.txt" 2>&1 || rc=1
     tail -24 "$log/bench-spec-gpu.txt"
