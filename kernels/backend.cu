@@ -449,6 +449,7 @@ static int place_experts(struct gpu_state *s, const struct strata_engine_opts *o
     in.n_ub = s->n_ub;
     in.n_ctx = s->n_ctx;
     in.mv_max = MATVEC_MAX;
+    in.use_q8 = s->use_q8;
     in.vram_free = s->ctx.info.vram_free;
     in.kv_bytes = 2 * sizeof(__half) * (uint64_t)m->hp.n_layer * s->n_ctx * s->n_kv;
     uint64_t total = strata_model_total_bytes(m);
@@ -1052,7 +1053,7 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                  * a mat-vec batch all on the GPU comes back as remapped ids in s->eids
                  * for the kernels below (done = 0) */
                 struct strata_gpu_ec_io io = {s->xn, s->eids, s->act, s->eout, s->perm, s->tiles,
-                                              s->n_tiles};
+                                              s->n_tiles, s->xq, s->actq};
                 if (OP("moe_experts", strata_gpu_ec_moe(s->xc, il, n, &io, &done, err)))
                     goto fail;
             }
@@ -1221,8 +1222,25 @@ static int gpu_n_devices(void)
     return n;
 }
 
+static int gpu_expert_stats(void *state, int reset, struct strata_expert_cache **ec,
+                            struct strata_ec_times *t)
+{
+    struct gpu_state *s = (struct gpu_state *)state;
+    if (!s->xc)
+        return 0;
+    if (reset) {
+        strata_ec_stats_reset(strata_gpu_ec_cache(s->xc));
+        strata_gpu_ec_times(s->xc, 1, NULL);
+        return 1;
+    }
+    *ec = strata_gpu_ec_cache(s->xc);
+    strata_gpu_ec_times(s->xc, 0, t);
+    return 1;
+}
+
 extern "C" const struct strata_backend_ops strata_backend_gpu_ops = {
     STRATA_GPU_RUNTIME_NAME, gpu_init, gpu_free, gpu_forward, gpu_kv_rollback, gpu_n_devices,
+    gpu_expert_stats,
 };
 
 #endif /* STRATA_GPU_HOST_PASS */
