@@ -21,6 +21,8 @@ if [ ! -x "$st/bin/strata-probe" ]; then
 fi
 cb=$(python3 -c 'import nvidia.cublas,os;print(os.path.dirname(nvidia.cublas.__file__)+"/lib")' 2>/dev/null)
 export LD_LIBRARY_PATH=$st/lib:/usr/local/cuda/lib64${cb:+:$cb}
+# the system's curl, not against the libraries packed for our programs
+curl() { env -u LD_LIBRARY_PATH curl "$@"; }
 export STRATA_FIXTURES=$root/${DEVRUN:-devrun}/fixtures
 M=$STRATA_FIXTURES/models/stories260K.gguf
 P=$st/bin/strata-probe

@@ -18,6 +18,8 @@ mkdir -p "$out"
 st=${STRATA_DEV:-/tmp/strata-dev}
 rm -rf "$st" && mkdir -p "$st" && tar -C "$st" -xJf devrun/bin.tar.xz || exit 1
 export LD_LIBRARY_PATH=$st/lib:/usr/local/cuda/lib64
+# the system's curl, not against the libraries packed for our programs
+curl() { env -u LD_LIBRARY_PATH curl "$@"; }
 export STRATA_FIXTURES=$root/devrun/fixtures
 export STRATA_BACKEND=${STRATA_BACKEND:-cuda}
 B=$STRATA_BACKEND

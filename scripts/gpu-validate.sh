@@ -36,16 +36,27 @@ pack-b)
     done
     du -sh devrun-b
     exit 0 ;;
-a | b) ;;
-*) echo "usage: scripts/gpu-validate.sh pack-a BUILD | pack-b | a | b" >&2; exit 2 ;;
+pack-c)
+    # the server and vision checks again, and the server with a broken engine: programs,
+    # the broken variants (BREAK_DIR as tests/gpu/selftest-break.sh's STRATA_BREAK_BUILT)
+    set -e
+    DEVRUN=devrun-c STRATA_FIXTURES=$fx scripts/gpu-devrun.sh "$2" "$2/bin/cuda" \
+        models/mmproj-tinyvl-F16.gguf images/img-astronaut.png ref/tinyvl-hf-reference.json \
+        ref/tinyvl-astronaut-pixel_values.f32 ref/tinyvl-astronaut-embd.f32
+    tar -C "$3" -cJf devrun-c/break.tar.xz .
+    du -sh devrun-c
+    exit 0 ;;
+a | b | c) ;;
+*) echo "usage: scripts/gpu-validate.sh pack-a BUILD | pack-b | pack-c BUILD BREAK_DIR | a | b | c" >&2
+   exit 2 ;;
 esac
 
 F=/tmp/strata-fx
 st=/tmp/strata-dev
 log=/tmp/strata-val/$stage
 rm -rf "$log" && mkdir -p "$log"
-if [ "$stage" = a ]; then
-    rm -rf "$F" && mkdir -p "$F" && cp -r devrun-a/. "$F/" &&
+if [ "$stage" != b ]; then
+    rm -rf "$F" && mkdir -p "$F" && cp -r "devrun-$stage/." "$F/" &&
         cp tests/data/stories260K.gguf tests/data/tinycoder-moe-Q4_K_M.gguf "$F/fixtures/models/"
 else
     [ -f "$F/bin.tar.xz" ] || { echo "stage b needs stage a on this machine first"; exit 1; }
@@ -54,6 +65,8 @@ fi
 rm -rf "$st" && mkdir -p "$st" && tar -C "$st" -xJf "$F/bin.tar.xz" || exit 1
 cb=$(python3 -c 'import nvidia.cublas,os;print(os.path.dirname(nvidia.cublas.__file__)+"/lib")' 2>/dev/null)
 export LD_LIBRARY_PATH=$st/lib:/usr/local/cuda/lib64${cb:+:$cb}
+# the system's curl, not against the libraries packed for our programs
+curl() { env -u LD_LIBRARY_PATH curl "$@"; }
 export STRATA_BIN=$st/bin STRATA_ROOT=$root STRATA_FIXTURES=$F/fixtures STRATA_BACKEND=cuda
 rm -rf devrun && ln -s "$F" devrun # the scripts that read devrun/
 rc=0
@@ -67,7 +80,49 @@ tap() { # name timeout command... : TAP to $log/name.tap, a count line, the fail
     grep -E '^not ok|^Bail' "$log/$name.tap" | head -12
 }
 
-if [ "$stage" = a ]; then
+# serve_check ENGINE: strata-serve with that engine on the GPU (which runs the kernel
+# self-test before it reports ready); a completion when it starts
+serve_check() {
+    local sp port= slog=$log/serve-$(basename "$(dirname "$(dirname "$(dirname "$1")")")").log
+    "$st/bin/strata-serve" -m "$F/fixtures/models/stories260K.gguf" --port 0 --backend cuda \
+        --engine "$1" >"$slog" 2>&1 &
+    sp=$!
+    for _ in $(seq 150); do
+        port=$(sed -n 's/.*listening on [^ ]*:\([0-9][0-9]*\).*/\1/p' "$slog" | head -1)
+        [ -n "$port" ] && break
+        kill -0 $sp 2>/dev/null || break
+        sleep 0.2
+    done
+    if [ -n "$port" ]; then
+        curl -s "http://127.0.0.1:$port/health" >"$log/health.json"
+        curl -s -H 'Content-Type: application/json' "http://127.0.0.1:$port/v1/completions" \
+            -d '{"model":"stories260K","prompt":"Once upon a time","max_tokens":16,"temperature":0}' \
+            >"$log/completion.json"
+        kill $sp 2>/dev/null
+    fi
+    wait $sp 2>/dev/null
+    serve_rc=$?
+    echo "strata-serve --engine $1: port ${port:-none}, exit $serve_rc"
+    [ -n "$port" ] && echo "  health $(head -c 100 "$log/health.json")" &&
+        echo "  completion: $(head -c 300 "$log/completion.json")"
+    [ -n "$port" ] || tail -3 "$slog"
+}
+
+if [ "$stage" = c ]; then
+    serve_check "$st/bin/strata-generate"
+    grep -q '"text"' "$log/completion.json" 2>/dev/null || rc=1
+    mkdir -p /tmp/strata-break && tar -C /tmp/strata-break -xJf "$F/break.tar.xz"
+    for mode in wrong fault hang; do
+        rm -f "$log/completion.json"
+        serve_check /tmp/strata-break/rms_norm-$mode/bin/cuda/strata-generate
+        # refused: the server does not start, and says why
+        [ "$serve_rc" -ne 0 ] && grep -q 'self-test failed.*rms_norm' "$log"/serve-rms_norm-$mode.log ||
+            { rc=1; echo "  not refused as expected"; }
+    done
+    OUT=$log/vision timeout 200 bash scripts/gpu-run-vision.sh >"$log/vision.txt" 2>&1 || rc=1
+    echo "vision: $(grep -c '^ok' "$log/vision.txt") ok, $(grep -c '^not ok' "$log/vision.txt") not ok"
+    grep -E '^not ok' "$log/vision.txt" | head -16
+elif [ "$stage" = a ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     "$st/bin/strata-probe" --quick >"$log/probe.txt" 2>&1
     echo "probe --quick: exit $?"
