@@ -627,12 +627,14 @@ int strata_server_run(const struct strata_server_opts *o, volatile sig_atomic_t 
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     d = MHD_start_daemon(flags, 0, on_accept, &s, on_request, &s,
+                         /* the logger first: libmicrohttpd logs option errors itself
+                          * until it has one */
+                         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, &s,
                          MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_connections,
                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o->conn_timeout_s,
                          MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(256 * 1024),
                          MHD_OPTION_NOTIFY_COMPLETED, on_completed, &s,
-                         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, &s,
                          MHD_OPTION_END);
     if (!d) {
         rc = strata_err_set(err, STRATA_E_IO, "cannot listen on %s port %d: %s", host, o->port,
