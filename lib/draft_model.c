@@ -34,9 +34,19 @@ static int model_propose(void *state, const int32_t *hist, int32_t n_hist, int32
     int32_t common = strata_engine_common_prefix(st->e, hist, n_hist);
     if (common == n_hist)
         common--; /* the last position must be evaluated for its logits */
+    /* Catch up on the tokens the draft has not seen.  Drafting windows leave it one
+     * or two behind; after the back-off's plain run it is the whole run, taken as one
+     * batch here (the draft does not run while no window drafts).  Three or more go
+     * as a batch without logits and then the last token alone, so the only batch
+     * sizes that ask for logits are 1 and 2: a GPU backend captures a graph per size
+     * that asks for logits (about a millisecond each, on the first use of the size)
+     * and the catch-up after a plain run has a new size every time. */
+    int32_t n_new = n_hist - common;
     if ((rc = strata_engine_rollback(st->e, common, err)) ||
-        (rc = strata_engine_eval(st->e, hist + common, n_hist - common, STRATA_LOGITS_LAST,
-                                 st->logits, err)))
+        (n_new > 2 && (rc = strata_engine_eval(st->e, hist + common, n_new - 1,
+                                               STRATA_LOGITS_NONE, NULL, err))) ||
+        (rc = strata_engine_eval(st->e, hist + n_hist - (n_new > 2 ? 1 : n_new),
+                                 n_new > 2 ? 1 : n_new, STRATA_LOGITS_LAST, st->logits, err)))
         return rc;
     for (int32_t k = 0; k < n_max; k++) {
         out[k] = strata_sampler_argmax(st->logits, nv);

@@ -17,11 +17,13 @@ struct strata_spec {
     /* back-off: a cost model of the windows seen so far */
     double t_win[STRATA_SPEC_MAX + 1]; /* mean ms (draft + verify) of windows of k drafts */
     int n_win[STRATA_SPEC_MAX + 1];    /* how many were measured (capped) */
+    unsigned char seen[STRATA_SPEC_MAX + 1]; /* a window of k drafts ran (the first of
+                                                each size is a warm-up, not timed) */
     double acc, rej;  /* decayed counts: drafts accepted, windows with a rejection */
     int plain_run;    /* windows chosen without drafts in a row */
     int probe_every;  /* plain steps in a row before a probing window */
     int probing;      /* the current window is a probe */
-    double win_ms;    /* the current window's time */
+    double win_ms;    /* the current window's time (draft + verify) */
     int32_t n_vocab;
     float *rows;   /* [(n_max + 1) * n_vocab] logits of the current window */
     int32_t *hist; /* [n_ctx + 1] scratch: history + the accepted token */
@@ -37,6 +39,9 @@ struct strata_spec {
  * SPEC_PROBE_MIN, doubled after each probe that did not pay, up to SPEC_PROBE_MAX. */
 #define SPEC_PROBE_MIN 32
 #define SPEC_PROBE_MAX 256
+/* A probe whose draft proposed nothing (no n-gram match) learnt nothing: the next
+ * probe comes this many plain steps later, the wait is not doubled. */
+#define SPEC_PROBE_RETRY 4
 
 static double now_ms(void)
 {
@@ -156,22 +161,42 @@ int32_t strata_spec_n_past(const struct strata_spec *s)
     return s->active ? s->base + s->cur + 1 : strata_engine_n_past(s->e);
 }
 
+static double est_ms(const struct strata_spec *s, int k);
+
 /* Back-off: learn from a window of k drafts of which a were accepted (a < 0:
  * the generation ended inside the window, nothing learnt about acceptance). */
 static void adapt(struct strata_spec *s, int k, int a)
 {
-    /* running means of the window time per size (the last ~8 windows weigh most) */
-    int n = s->n_win[k] < 8 ? ++s->n_win[k] : 8;
-    s->t_win[k] += (s->win_ms - s->t_win[k]) / n;
+    /* The first window of each size is not timed: it carries one-time costs that
+     * later windows do not (a GPU backend captures a graph per batch size, about a
+     * millisecond against a 0.15 ms step; first touches of scratch on the CPU), and
+     * one such sample kept the mean of its size several times too high for the next
+     * eight windows, so the back-off stopped drafting where windows pay.  A probe's
+     * draft time is not learnt either: a draft model catches up there on every token
+     * of the plain run before it, a cost of probing, not of a window. */
+    int first = !s->seen[k];
+    s->seen[k] = 1;
+    if (!first && !(s->probing && k > 0)) {
+        /* running means of the window time per size (the last ~8 windows weigh most) */
+        int n = s->n_win[k] < 8 ? ++s->n_win[k] : 8;
+        s->t_win[k] += (s->win_ms - s->t_win[k]) / n;
+    }
     if (s->probing && a >= 0) {
-        /* a probe that did not pay (fewer tokens per ms than a plain step, or nothing
-         * drafted) doubles the wait before the next one: a draft model catches up on
-         * every token it missed, so frequent probes of a text that does not suit it
-         * cost more than they find */
-        int paid = k > 0 && (a + 1) * s->t_win[0] >= s->win_ms;
-        s->probe_every = paid ? SPEC_PROBE_MIN
-                              : 2 * s->probe_every > SPEC_PROBE_MAX ? SPEC_PROBE_MAX
-                                                                    : 2 * s->probe_every;
+        if (k == 0) {
+            /* the draft proposed nothing: no evidence either way; probe again soon
+             * (an n-gram search is all it costs) */
+            if (s->probe_every > SPEC_PROBE_RETRY)
+                s->plain_run = s->probe_every - SPEC_PROBE_RETRY;
+        } else {
+            /* a probe that did not pay (an accepted draft, and more tokens per
+             * estimated millisecond than a plain step) doubles the wait before the
+             * next one: a draft model catches up on every token it missed, so frequent
+             * probes of a text that does not suit it cost more than they find */
+            int paid = a > 0 && s->n_win[0] && (a + 1) * s->t_win[0] >= est_ms(s, k);
+            s->probe_every = paid ? SPEC_PROBE_MIN
+                                  : 2 * s->probe_every > SPEC_PROBE_MAX ? SPEC_PROBE_MAX
+                                                                        : 2 * s->probe_every;
+        }
         s->probing = 0;
     }
     if (k > 0 && a >= 0) {
@@ -210,9 +235,11 @@ static double est_ms(const struct strata_spec *s, int k)
  * tokens per millisecond, where a window of k drafts yields
  * (1 - alpha^(k+1)) / (1 - alpha) tokens at acceptance alpha, if it beats a
  * plain step by SPEC_MARGIN.  A plain step is measured first; below an
- * acceptance of 1/4 drafting is off whatever the timings say (a window always
- * costs more than a step); after probe_every plain steps in a row one window
- * probes with the best k > 0 so the estimates can follow the text. */
+ * acceptance of 1/4 only window sizes already timed may be drafted (an
+ * untimed size is estimated optimistically from the plain step, which at a low
+ * acceptance would draft windows that cost more than they yield); after
+ * probe_every plain steps in a row one window probes with the best k > 0 so the
+ * estimates can follow the text. */
 static int choose(struct strata_spec *s)
 {
     if (!s->adaptive)
@@ -226,7 +253,7 @@ static int choose(struct strata_spec *s)
         pw *= alpha;
         e += pw; /* 1 + alpha + ... + alpha^k */
         double rate = e / est_ms(s, k);
-        if (rate > best_rate) {
+        if (rate > best_rate && (alpha >= 0.25 || s->n_win[k])) {
             best_rate = rate;
             best = k;
         }
@@ -235,8 +262,6 @@ static int choose(struct strata_spec *s)
             best_pos = k;
         }
     }
-    if (alpha < 0.25)
-        best = 0;
     if (best == 0 && ++s->plain_run >= s->probe_every) {
         best = best_pos;
         s->probing = 1;

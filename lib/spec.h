@@ -40,12 +40,16 @@
  *
  * Back-off (adaptive, the default): each window drafts the k in 0..T that
  * maximises the expected tokens per millisecond, from the measured time of
- * recent windows per k and the acceptance rate so far (geometric model);
- * below an acceptance of 1/4 it does not draft, and after 32 plain steps it
- * probes once (64, 128, up to 256 after probes that did not pay).  So speculation falls back to plain decoding where windows do
- * not pay (docs/speculative.md).  A draft that finds nothing (n-gram without
- * a match) costs only its search.  The choice depends on timings; the output
- * never does.
+ * recent windows per k (the first window of each size, which carries one-time
+ * costs such as a GPU graph capture, and probes are not timed) and the
+ * acceptance rate so far (geometric model); below an acceptance of 1/4 only
+ * sizes already timed may be drafted, and after 32 plain steps it probes once
+ * (64, 128, up to 256 after probes that did not pay; 4 steps later when the
+ * draft proposed nothing).  The draft does not run during plain steps (a draft
+ * model catches up as one batch when a probe is due).  So speculation falls
+ * back to plain decoding where windows do not pay (docs/speculative.md).  A
+ * draft that finds nothing (n-gram without a match) costs only its search.
+ * The choice depends on timings; the output never does.
  */
 #ifndef STRATA_SPEC_H
 #define STRATA_SPEC_H
