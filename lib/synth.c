@@ -1,6 +1,7 @@
 /* synth.c - synthetic models with random weights in real tensor layouts. */
 #include "synth.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,8 +69,58 @@ static const int *scale_offsets(uint32_t type)
     }
 }
 
-/* n values of type: random blocks whose dequantised values have magnitude about
- * amp (the weights of a layer with fan-in k get amp ~ 1/sqrt(k)). */
+/* The values of the random blocks at dst with their f16 scale fields set to (1, 0) and
+ * (0, 1): every block type dequantises linearly in its scale fields, value = s0 * X + s1 * Y
+ * (Q4_K: d * sc * q - dmin * m, so Y = -m; a one-scale type has no Y).  From up to 16
+ * blocks: *r, the s1 / s0 ratio that cancels the mean of X (0 for one-scale types), and
+ * *rms, the rms of X + r * Y.  K-quant sub-block scales (6-bit, int8) and unsigned quants
+ * make X large (rms ~250 for Q4_K, ~1300 for Q6_K) and, for the min-offset types, mostly
+ * positive; calibrating on the real dequantisation gives every type the same magnitude.
+ * Returns 0 when the block does not fit the scratch (the caller keeps a fixed scale). */
+static int calibrate(uint32_t type, const uint8_t *dst, uint64_t nblk, const int *offs,
+                     double *r, double *rms)
+{
+    uint8_t blk[512];
+    float x[256], y[256];
+    uint32_t bs = strata_ggml_blck_size(type), bb = strata_ggml_type_size(type);
+    if (bs == 0 || bs > 256 || bb > sizeof blk || offs[0] < 0)
+        return 0;
+    int two = offs[1] >= 0;
+    double sx = 0, sy = 0, sxx = 0, sxy = 0, syy = 0, n = 0;
+    for (uint64_t b = 0; b < nblk && b < 16; b++) {
+        memcpy(blk, dst + b * bb, bb);
+        put_f16(blk + offs[0], 1.0f);
+        if (two)
+            put_f16(blk + offs[1], 0.0f);
+        strata_quant_dequant_row(type, blk, x, bs);
+        if (two) {
+            put_f16(blk + offs[0], 0.0f);
+            put_f16(blk + offs[1], 1.0f);
+            strata_quant_dequant_row(type, blk, y, bs);
+        }
+        for (uint32_t i = 0; i < bs; i++) {
+            double yi = two ? y[i] : 0;
+            sx += x[i];
+            sy += yi;
+            sxx += (double)x[i] * x[i];
+            sxy += x[i] * yi;
+            syy += yi * yi;
+            n++;
+        }
+    }
+    if (n == 0)
+        return 0;
+    *r = two && fabs(sy / n) > 1e-9 ? -(sx / n) / (sy / n) : 0;
+    double m2 = (sxx + 2 * *r * sxy + *r * *r * syy) / n;
+    if (!(m2 > 0) || !isfinite(m2))
+        return 0;
+    *rms = sqrt(m2);
+    return 1;
+}
+
+/* n values of type: random blocks whose dequantised values have rms about amp (times a
+ * random 0.5-1.5 per block) and mean about 0 (the weights of a layer with fan-in k get
+ * amp ~ 1/sqrt(k), so a product keeps the magnitude of its input). */
 static void fill(uint32_t type, uint8_t *dst, uint64_t n, float amp, uint64_t *seed)
 {
     if (type == STRATA_TYPE_F32 || type == STRATA_TYPE_F16 || type == STRATA_TYPE_BF16) {
@@ -93,12 +144,21 @@ static void fill(uint32_t type, uint8_t *dst, uint64_t n, float amp, uint64_t *s
     }
     for (uint64_t i = bytes & ~7ull; i < bytes; i++)
         dst[i] = (uint8_t)next(seed);
-    /* quants span about +-16 steps for 4-8 bit types; the scale brings them to amp */
+    const int *offs = scale_offsets(type);
+    double ratio = 0, rms = 8;
+    if (!calibrate(type, dst, bytes / bb, offs, &ratio, &rms)) {
+        ratio = 0;
+        rms = 8;
+    }
+    /* d for the types without an f16 scale field (IQ1_M's is split over 4 fields) */
     float d = amp / 8.0f;
     for (uint64_t b = 0; b < bytes / bb; b++) {
         uint8_t *blk = dst + b * bb;
-        for (const int *o = scale_offsets(type); *o >= 0; o++)
-            put_f16(blk + *o, d * (0.5f + (float)(next(seed) & 255) / 256.0f));
+        double s0 = amp * (0.5 + (double)(next(seed) & 255) / 256.0) / rms;
+        if (offs[0] >= 0)
+            put_f16(blk + offs[0], (float)s0);
+        if (offs[0] >= 0 && offs[1] >= 0)
+            put_f16(blk + offs[1], (float)(ratio * s0));
         if (type == STRATA_TYPE_IQ1_M) {
             strata_f16 h = strata_f32_to_f16(d);
             for (int k = 0; k < 4; k++) {

@@ -2,9 +2,11 @@
  * tensor layout of a named real model shape, so that speed can be measured at real
  * sizes without downloading weights.
  *
- * The weights are random blocks with small random scales (finite, never zero), the
- * norms are near 1, so activations stay bounded through any number of layers; the text
- * such a model writes is meaningless.  No tokenizer is written (the engine takes the
+ * The weights are random blocks whose scales are calibrated on the block type's own
+ * dequantisation: every matrix has mean ~0 and rms ~1/45 (~1/sqrt(n_embd) of the
+ * full-size shapes), token_embd rms ~1, the norms are near 1, so activations stay
+ * bounded (far below f16's 65504) through any number of layers; the text such a model
+ * writes is meaningless.  No tokenizer is written (the engine takes the
  * vocabulary size from token_embd).
  */
 #ifndef STRATA_SYNTH_H
