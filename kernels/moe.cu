@@ -14,9 +14,16 @@ static __device__ void route_warp(float *p, int n_expert, int k, int norm, float
 {
     int lane = threadIdx.x % warpSize;
     float mx = -INFINITY;
-    for (int e = lane; e < n_expert; e += warpSize)
+    for (int e = lane; e < n_expert; e += warpSize) {
+        /* a NaN logit (a model whose activations overflowed) is never chosen, and a row
+         * of them still yields valid expert ids: the experts' kernels index with them */
+        if (p[e] != p[e])
+            p[e] = -INFINITY;
         mx = fmaxf(mx, p[e]);
+    }
     mx = strata_warp_max(mx);
+    if (mx == -INFINITY)
+        mx = 0.0f;
     float s = 0.0f;
     for (int e = lane; e < n_expert; e += warpSize) {
         p[e] = expf(p[e] - mx);
@@ -41,7 +48,7 @@ static __device__ void route_warp(float *p, int n_expert, int k, int norm, float
                 bi = oi;
             }
         }
-        if (lane == bi % warpSize)
+        if (bi < n_expert && lane == bi % warpSize)
             p[bi] = -2.0f;
         if (j < 32) {
             wj[j] = bv / s;

@@ -988,6 +988,45 @@ static void test_route_combine(int n_tok, int n_expert, int k, int norm)
     free(lg); free(rid); free(gid); free(rw); free(gw); free(y); free(add); free(ref); free(got);
 }
 
+/* Non-finite router logits (activations that overflowed) still give k distinct expert
+ * ids in range: NaNs are never chosen, and a row of NaNs picks the first k experts. */
+static void test_route_nan(int n_expert, int k)
+{
+    struct strata_err err = {0, ""};
+    int n_tok = 3;
+    float *lg = (float *)malloc(4 * n_tok * n_expert);
+    kt_fill(lg, (size_t)n_tok * n_expert, 4.0f);
+    for (int e = 0; e < n_expert; e += 3)
+        lg[e] = NAN; /* token 0: every third logit */
+    for (int e = 0; e < n_expert; e++)
+        lg[n_expert + e] = NAN; /* token 1: all */
+    lg[2 * n_expert + 1] = NAN; /* token 2: one */
+    int32_t *gid = (int32_t *)malloc(4 * n_tok * k);
+    float *dl = (float *)kt_up(lg, 4 * n_tok * n_expert), *dw = (float *)kt_dev(4 * n_tok * k);
+    int32_t *di = (int32_t *)kt_dev(4 * n_tok * k);
+    int rc = strata_k_moe_route(&ctx, dl, n_tok, n_expert, k, 1, 1.0f, di, dw, &err);
+    KT_CUDA(cudaDeviceSynchronize());
+    kt_down(gid, di, 4 * n_tok * k);
+    int good = !rc;
+    for (int t = 0; t < n_tok; t++)
+        for (int j = 0; j < k; j++) {
+            int id = gid[t * k + j];
+            good &= id >= 0 && id < n_expert;
+            if (!good)
+                break;
+            if (t == 1)
+                good &= id == j; /* a row of NaNs: the first k experts, in order */
+            else
+                good &= !isnan(lg[t * n_expert + id]);
+            for (int i = 0; i < j; i++)
+                good &= gid[t * k + i] != id;
+        }
+    ok(good, "moe_route n_expert=%d k=%d with NaN logits: ids in range, distinct, never a NaN "
+       "expert %s", n_expert, k, rc ? err.msg : "");
+    cudaFree(dl); cudaFree(dw); cudaFree(di);
+    free(lg); free(gid);
+}
+
 /* Dense and grouped mat-mat against double sums over the decoded weights with
  * f16-rounded activations and weights (what the matrix units multiply). */
 static void test_matmul(uint32_t type, int64_t ne0, int64_t ne1, int n_tok, int n_expert, int k,
@@ -1126,6 +1165,8 @@ static void test_ops(void)
     test_route_combine(1, 128, 8, 1);
     test_route_combine(9, 16, 4, 1);
     test_route_combine(3, 60, 6, 0);
+    test_route_nan(128, 8);
+    test_route_nan(40, 6);
     test_matmul(STRATA_TYPE_F16, 256, 100, 37, 0, 0, 0, 1);
     test_matmul(STRATA_TYPE_Q4_K, 2048, 200, 130, 0, 0, 0, 0);
     test_matmul(STRATA_TYPE_Q6_K, 512, 64, 64, 0, 0, 1, 0);
