@@ -78,8 +78,9 @@ start_server() {
     SERVER_PID=$!
     local i=0
     while [ $i -lt 600 ]; do
-        if grep -q 'listening on http' "$TMP/server.log"; then
-            PORT=$(sed -n 's/.*listening on http:\/\/[^ ]*:\([0-9][0-9]*\) .*/\1/p' "$TMP/server.log" | head -1)
+        # the server's own line: the helpers it relays log "listening on" too
+        if grep -q '^strata-serve: listening on http' "$TMP/server.log"; then
+            PORT=$(sed -n 's/^strata-serve: listening on http:\/\/[^ ]*:\([0-9][0-9]*\) .*/\1/p' "$TMP/server.log" | head -1)
             URL=http://127.0.0.1:$PORT
             return 0
         fi
