@@ -129,8 +129,12 @@ int strata_draft_ngram_init(struct strata_spec_draft *d, int ngram_min, int ngra
                             struct strata_err *err);
 
 /* A draft backed by a model's engine (not owned).  Greedy: each drafted
- * token is the argmax after the previous one.  Errors: STRATA_E_INVALID (the
- * vocabularies' sizes differ: says both), STRATA_E_NOMEM. */
+ * token is the argmax after the previous one.  A draft engine with an empty
+ * kv cache is warmed up here (a few forward calls of the shapes drafting uses,
+ * then rolled back to empty), so one-time backend costs fall at open, not on
+ * the first drafting windows.  Errors: STRATA_E_INVALID (the vocabularies'
+ * sizes differ: says both), STRATA_E_NOMEM, the draft engine's errors (wrapped
+ * "draft model warm-up: "). */
 int strata_draft_model_init(struct strata_spec_draft *d, struct strata_engine *draft,
                             const struct strata_engine *target, struct strata_err *err);
 
