@@ -152,9 +152,13 @@ struct strata_spec;
 /* Create the speculative state for target (not owned, must outlive it).
  * o NULL = defaults.  The draft follows o->mode (AUTO: draft model if
  * o->draft, else n-gram).  *out is owned by the caller (strata_spec_free).
- * Errors: STRATA_E_INVALID (n_max outside 0..16, mode DRAFT without a draft
- * engine, mismatched vocabularies; names it), STRATA_E_UNSUPPORTED (mtp),
- * STRATA_E_NOMEM. */
+ * On a backend other than "cpu" with n_max > 0 each window size 2..n_max + 1
+ * is evaluated once past target's kv cache and rolled back (a GPU backend
+ * captures a graph per size on first use): target's kv cache and history are
+ * left as they were.  Errors: STRATA_E_INVALID (n_max outside 0..16, mode
+ * DRAFT without a draft engine, mismatched vocabularies; names it),
+ * STRATA_E_UNSUPPORTED (mtp), STRATA_E_NOMEM, engine errors of the warm-ups
+ * (wrapped "speculative warm-up"). */
 int strata_spec_create(struct strata_spec **out, struct strata_engine *target,
                        const struct strata_spec_opts *o, struct strata_err *err);
 void strata_spec_free(struct strata_spec *s); /* NULL is accepted */
