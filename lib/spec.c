@@ -21,6 +21,7 @@ struct strata_spec {
                                                 each size is a warm-up, not timed) */
     double acc, rej;  /* decayed counts: drafts accepted, windows with a rejection */
     int plain_run;    /* windows chosen without drafts in a row */
+    int draft_run;    /* windows chosen with drafts in a row */
     int probe_every;  /* plain steps in a row before a probing window */
     int probing;      /* the current window is a probe */
     double win_ms;    /* the current window's time (draft + verify) */
@@ -249,15 +250,19 @@ static double est_ms(const struct strata_spec *s, int k)
  * last 10% of the gain keeps speculation from being slower than plain decoding. */
 #define SPEC_MARGIN 1.10
 
+/* Windows with drafts in a row before one plain step re-times the plain step. */
+#define SPEC_RETIME 64
+
 /* The number of drafts for the next window: the one with the most expected
  * tokens per millisecond, where a window of k drafts yields
  * (1 - alpha^(k+1)) / (1 - alpha) tokens at acceptance alpha, if it beats a
  * plain step by SPEC_MARGIN.  A plain step is measured first; below an
- * acceptance of 1/4 only window sizes already timed may be drafted (an
- * untimed size is estimated optimistically from the plain step, which at a low
- * acceptance would draft windows that cost more than they yield); after
- * probe_every plain steps in a row one window probes with the best k > 0 so the
- * estimates can follow the text. */
+ * acceptance of 1/4 drafting is off whatever the timings say (a noisy timing of
+ * the plain step would otherwise keep windows going that cost more than they
+ * yield); after SPEC_RETIME windows with drafts in a row one plain step is taken
+ * so the plain step's time stays current; after probe_every plain steps in a
+ * row one window probes with the best k > 0 so the estimates can follow the
+ * text. */
 static int choose(struct strata_spec *s)
 {
     if (!s->adaptive)
@@ -271,7 +276,7 @@ static int choose(struct strata_spec *s)
         pw *= alpha;
         e += pw; /* 1 + alpha + ... + alpha^k */
         double rate = e / est_ms(s, k);
-        if (rate > best_rate && (alpha >= 0.25 || s->n_win[k])) {
+        if (rate > best_rate) {
             best_rate = rate;
             best = k;
         }
@@ -280,6 +285,14 @@ static int choose(struct strata_spec *s)
             best_pos = k;
         }
     }
+    if (alpha < 0.25)
+        best = 0;
+    if (best > 0 && ++s->draft_run > SPEC_RETIME) {
+        s->draft_run = 0;
+        return 0; /* re-time the plain step (not counted as a plain run) */
+    }
+    if (best == 0)
+        s->draft_run = 0;
     if (best == 0 && ++s->plain_run >= s->probe_every) {
         best = best_pos;
         s->probing = 1;

@@ -42,8 +42,9 @@
  * maximises the expected tokens per millisecond, from the measured time of
  * recent windows per k (the first window of each size, which carries one-time
  * costs such as a GPU graph capture, and probes are not timed) and the
- * acceptance rate so far (geometric model); below an acceptance of 1/4 only
- * sizes already timed may be drafted, and after 32 plain steps it probes once
+ * acceptance rate so far (geometric model); below an acceptance of 1/4 it
+ * does not draft, after 64 drafting windows in a row one plain step re-times
+ * the plain step, and after 32 plain steps it probes once
  * (64, 128, up to 256 after probes that did not pay; 4 steps later when the
  * draft proposed nothing).  The draft does not run during plain steps (a draft
  * model catches up as one batch when a probe is due).  So speculation falls
