@@ -11,6 +11,11 @@
 #   scripts/gpu-validate.sh b               there, on the same machine (carry devrun-b):
 #       golden tests, stories text, perplexities, speculative decoding, the expert cache's
 #       correctness matrix, and the benchmarks (decode/prefill, offload, speculation)
+#   scripts/gpu-validate.sh c               the server with a good and with broken engines,
+#                                           and the vision checks (pack-c BUILD BREAK_DIR)
+#   scripts/gpu-validate.sh d1, then d2     a re-check after changes (pack-d BUILD): kernel,
+#       self-test, golden and GPU speculation tests, the speculation benchmark on the GPU
+#       and on the host's CPU, the offload benchmark with the model's own routing
 #
 # BUILD is a build directory of `make B=BUILD BINDIR=BUILD/bin CUDA_ARCHS=90 cuda
 # gpu-tests`.  Logs go to /tmp/strata-val/STAGE and come back as $OUT/STAGE.tar.gz with
@@ -46,8 +51,27 @@ pack-c)
     tar -C "$3" -cJf devrun-c/break.tar.xz .
     du -sh devrun-c
     exit 0 ;;
-a | b | c) ;;
-*) echo "usage: scripts/gpu-validate.sh pack-a BUILD | pack-b | pack-c BUILD BREAK_DIR | a | b | c" >&2
+pack-d)
+    # a re-check after changes, in two calls: d1 carries the programs, F16 and the draft
+    # model and stashes them; d2 carries the other quants and runs
+    set -e
+    DEVRUN=devrun-d1 STRATA_FIXTURES=$fx scripts/gpu-devrun.sh "$2" "$2/bin/cuda" \
+        models/tinycoder-moe-F16.gguf models/tinydraft-qwen3-F16.gguf
+    rm -rf devrun-d2 && mkdir -p devrun-d2/fixtures/models devrun-d2/fixtures/ref
+    for q in Q8_0 IQ4_XS IQ2_XS IQ1_M; do
+        cp "$fx/models/tinycoder-moe-$q.gguf" devrun-d2/fixtures/models/
+    done
+    find "$fx/ref" -maxdepth 1 -type f ! -name 'tinyvl-*' -exec cp {} devrun-d2/fixtures/ref/ \;
+    du -sh devrun-d1 devrun-d2
+    exit 0 ;;
+d1)
+    rm -rf /tmp/strata-fx && mkdir -p /tmp/strata-fx && cp -r devrun-d1/. /tmp/strata-fx/ &&
+        cp tests/data/stories260K.gguf tests/data/tinycoder-moe-Q4_K_M.gguf \
+            /tmp/strata-fx/fixtures/models/ && echo "stashed" && ls /tmp/strata-fx/fixtures/models
+    exit $? ;;
+a | b | c | d2) ;;
+*) echo "usage: scripts/gpu-validate.sh pack-a BUILD | pack-b | pack-c BUILD BREAK_DIR | pack-d BUILD |" \
+        "a | b | c | d1 | d2" >&2
    exit 2 ;;
 esac
 
@@ -55,12 +79,15 @@ F=/tmp/strata-fx
 st=/tmp/strata-dev
 log=/tmp/strata-val/$stage
 rm -rf "$log" && mkdir -p "$log"
-if [ "$stage" != b ]; then
+if [ "$stage" = a ] || [ "$stage" = c ]; then
     rm -rf "$F" && mkdir -p "$F" && cp -r "devrun-$stage/." "$F/" &&
         cp tests/data/stories260K.gguf tests/data/tinycoder-moe-Q4_K_M.gguf "$F/fixtures/models/"
-else
+elif [ "$stage" = b ]; then
     [ -f "$F/bin.tar.xz" ] || { echo "stage b needs stage a on this machine first"; exit 1; }
     cp devrun-b/fixtures/models/* "$F/fixtures/models/"
+else
+    [ -f "$F/bin.tar.xz" ] || { echo "stage d2 needs stage d1 on this machine first"; exit 1; }
+    mkdir -p "$F/fixtures/ref" && cp -r devrun-d2/fixtures/. "$F/fixtures/"
 fi
 rm -rf "$st" && mkdir -p "$st" && tar -C "$st" -xJf "$F/bin.tar.xz" || exit 1
 cb=$(python3 -c 'import nvidia.cublas,os;print(os.path.dirname(nvidia.cublas.__file__)+"/lib")' 2>/dev/null)
@@ -108,7 +135,26 @@ serve_check() {
     [ -n "$port" ] || tail -3 "$slog"
 }
 
-if [ "$stage" = c ]; then
+if [ "$stage" = d2 ]; then
+    tap test_kernels 300 "$st/bin/test_kernels"
+    tap test_selftest 120 "$st/bin/test_selftest"
+    tap test_golden 300 "$st/bin/test_golden"
+    save
+    tap t0900-gpu-spec 360 bash tests/gpu/t0900-gpu-spec.sh
+    save
+    timeout 150 scripts/bench-spec.sh -b "$st/bin" -x "$st/bin/bench_spec" -B cuda -t 16 -r 3 \
+        -g 64 -R 1 -a --no-selftest >"$log/bench-spec-gpu.txt" 2>&1 || rc=1
+    cat "$log/bench-spec-gpu.txt"
+    save
+    timeout 150 scripts/bench-spec.sh -b "$st/bin" -x "$st/bin/bench_spec" -B cpu -t 16 -r 3 \
+        -g 32 -R 1 >"$log/bench-spec-cpu.txt" 2>&1 || rc=1
+    cat "$log/bench-spec-cpu.txt"
+    save
+    timeout 150 "$st/bin/bench_offload" --budget 25,50 --pcie-frac 1,auto --route model \
+        --pp 512,2048 --prefill 2048 --tg 128 >"$log/bench_offload.txt" \
+        2>"$log/bench_offload.err" || rc=1
+    cat "$log/bench_offload.txt"
+elif [ "$stage" = c ]; then
     serve_check "$st/bin/strata-generate"
     grep -q '"text"' "$log/completion.json" 2>/dev/null || rc=1
     mkdir -p /tmp/strata-break && tar -C /tmp/strata-break -xJf "$F/break.tar.xz"
