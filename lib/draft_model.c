@@ -84,10 +84,11 @@ int strata_draft_model_init(struct strata_spec_draft *d, struct strata_engine *d
     st->e = draft;
     /* Warm-up: the draft's first forward calls carry one-time costs (a GPU backend
      * loads kernels, sets up its matrix library and captures a graph per batch size
-     * that asks for logits); paid here, at open, they do not fall on the first
-     * drafting windows, whose timing the back-off learns from.  The shapes are the
-     * ones drafting uses: single steps, catch-ups of 2, and batches without logits
-     * (small and large).  The draft's kv cache is left empty. */
+     * that asks for logits, on the second use of the size); paid here, at open, they
+     * do not fall on the first drafting windows, whose timing the back-off learns
+     * from.  The shapes are the ones drafting uses: single steps and catch-ups of 2
+     * (each twice), and batches without logits (small and large).  The draft's kv
+     * cache is left empty. */
     {
         int32_t ids[40] = { 0 }, n_big = strata_engine_n_prefill(draft);
         if (n_big > strata_engine_n_ctx(draft) - 4)
@@ -97,6 +98,9 @@ int strata_draft_model_init(struct strata_spec_draft *d, struct strata_engine *d
         int rc = 0;
         if (n_big >= 4 && strata_engine_n_past(draft) == 0 &&
             ((rc = strata_engine_eval(draft, ids, 1, STRATA_LOGITS_LAST, st->logits, err)) ||
+             (rc = strata_engine_eval(draft, ids, 2, STRATA_LOGITS_LAST, st->logits, err)) ||
+             (rc = strata_engine_rollback(draft, 0, err)) ||
+             (rc = strata_engine_eval(draft, ids, 1, STRATA_LOGITS_LAST, st->logits, err)) ||
              (rc = strata_engine_eval(draft, ids, 2, STRATA_LOGITS_LAST, st->logits, err)) ||
              (rc = strata_engine_rollback(draft, 0, err)) ||
              (rc = strata_engine_eval(draft, ids, 3, STRATA_LOGITS_NONE, NULL, err)) ||

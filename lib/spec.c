@@ -121,11 +121,12 @@ int strata_spec_create(struct strata_spec **out, struct strata_engine *target,
         if (rc)
             goto out;
         s->have_draft = 1;
-        /* Warm-up on a device backend: the first window of each size captures a graph
-         * there (about a millisecond against a 0.15 ms step on an H200); run each size a
-         * window can take once now, past the kv cache's positions, and roll back, so
-         * that one-time cost falls at start rather than on the generation.  The CPU
-         * has no such cost and skips it. */
+        /* Warm-up on a device backend: the second window of each size captures a
+         * graph there (about a millisecond against a 0.15 ms step on an H200; the
+         * first runs direct launches); run each size a window can take twice now,
+         * past the kv cache's positions, and roll back, so that one-time cost falls
+         * at start rather than on the generation.  The CPU has no such cost and
+         * skips it. */
         const char *be = strata_engine_backend_name(target);
         int32_t n_past = strata_engine_n_past(target), n_big = o->n_max + 1;
         if (n_big > strata_engine_n_prefill(target))
@@ -133,12 +134,14 @@ int strata_spec_create(struct strata_spec **out, struct strata_engine *target,
         if (n_big > strata_engine_n_ctx(target) - n_past)
             n_big = strata_engine_n_ctx(target) - n_past;
         int32_t ids[STRATA_SPEC_MAX + 1] = { 0 };
-        for (int32_t n = 2; be && strcmp(be, "cpu") != 0 && n <= n_big; n++)
+        for (int32_t i = 0; be && strcmp(be, "cpu") != 0 && i < 2 * (n_big - 1); i++) {
+            int32_t n = 2 + i / 2;
             if ((rc = strata_engine_eval(target, ids, n, STRATA_LOGITS_ALL, s->rows, err)) ||
                 (rc = strata_engine_rollback(target, n_past, err))) {
                 strata_err_wrap(err, "speculative warm-up (a %d-token window): ", n);
                 goto out;
             }
+        }
     }
     *out = s;
     s = NULL;
@@ -250,6 +253,9 @@ static double est_ms(const struct strata_spec *s, int k)
  * last 10% of the gain keeps speculation from being slower than plain decoding. */
 #define SPEC_MARGIN 1.10
 
+/* Window sizes open to exploration before any window was measured. */
+#define SPEC_EXPLORE 2
+
 /* Windows with drafts in a row before one plain step re-times the plain step. */
 #define SPEC_RETIME 64
 
@@ -270,9 +276,25 @@ static int choose(struct strata_spec *s)
     if (!s->n_win[0])
         return 0;
     double alpha = (s->acc + 1) / (s->acc + s->rej + 2); /* prior: 1/2 */
-    int best = 0, best_pos = 1;
+    int best = 0, best_pos = 1, cap = SPEC_EXPLORE;
     double best_rate = SPEC_MARGIN / est_ms(s, 0), best_pos_rate = 0, e = 1, pw = 1;
+    /* Exploration grows from small windows: an untried size is estimated at the
+     * cost of a plain step (optimistic), so without a cap the first windows would
+     * be drafted at T, which loses where a draft token costs about as much as a
+     * target token (a draft model on the CPU).  Sizes up to SPEC_EXPLORE are open
+     * from the start; a larger one only once a measured smaller one's rate beats a
+     * plain step, or once it was measured itself. */
     for (int k = 1; k <= s->n_max; k++) {
+        pw *= alpha;
+        e += pw;
+        if (s->n_win[k] && k > cap)
+            cap = k;
+        if (s->n_win[k] && e / s->t_win[k] > 1 / s->t_win[0] && k + 1 > cap)
+            cap = k + 1;
+    }
+    e = 1;
+    pw = 1;
+    for (int k = 1; k <= s->n_max && k <= cap; k++) {
         pw *= alpha;
         e += pw; /* 1 + alpha + ... + alpha^k */
         double rate = e / est_ms(s, k);
