@@ -61,23 +61,6 @@ static inline double kt_err(const float *a, const float *b, size_t n, double ato
     return m;
 }
 
-/* Byte offsets of the f16 scale fields in a block of type, -1 terminated (block
- * layouts of ggml-common.h). */
-static inline const int *kt_scale_offsets(uint32_t type)
-{
-    static const int at0[] = {0, -1}, at02[] = {0, 2, -1}, q2k[] = {80, 82, -1},
-                     q3k[] = {108, -1}, q6k[] = {208, -1}, none[] = {-1};
-    switch (type) {
-    case STRATA_TYPE_Q4_1: case STRATA_TYPE_Q5_1: case STRATA_TYPE_Q4_K: case STRATA_TYPE_Q5_K:
-        return at02;
-    case STRATA_TYPE_Q2_K: return q2k;
-    case STRATA_TYPE_Q3_K: return q3k;
-    case STRATA_TYPE_Q6_K: return q6k;
-    case STRATA_TYPE_IQ1_M: case STRATA_TYPE_MXFP4: return none;
-    default: return at0;
-    }
-}
-
 static inline void kt_put_f16(uint8_t *p, float f)
 {
     strata_f16 h = strata_f32_to_f16(f);
@@ -116,7 +99,7 @@ static inline uint8_t *kt_random_rows(uint32_t type, int64_t ne0, int64_t n_rows
     size_t nblk = rb * (size_t)n_rows / bb;
     for (size_t b = 0; b < nblk; b++) {
         uint8_t *blk = w + b * bb;
-        for (const int *o = kt_scale_offsets(type); *o >= 0; o++) {
+        for (const int *o = strata_ggml_f16_scale_offsets(type); *o >= 0; o++) {
             float s = kt_unif(0.002f, 0.02f);
             kt_put_f16(blk + *o, (kt_u32() & 1) ? -s : s);
         }

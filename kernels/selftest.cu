@@ -574,6 +574,29 @@ static void st_q8_dequant(const uint8_t *q, int64_t n, int rows, float *out)
     }
 }
 
+/* The 8-bit activations of rows rows of ne0 values x (host): uploaded, quantised on the
+ * device (the q8 rows the mat-vec reads, returned; NULL after a failure) and brought
+ * back as floats to xf [rows * ne0] for the references.  xq: host scratch of
+ * strata_k_q8_row_bytes(ne0) * rows bytes. */
+static void *st_q8_input(struct st *s, const float *x, int64_t ne0, int rows, uint8_t *xq,
+                         float *xf)
+{
+    size_t xrb = strata_k_q8_row_bytes(ne0);
+    float *dx = (float *)st_up(s, x, sizeof(float) * ne0 * rows);
+    void *dxq = st_dev(s, xrb * rows);
+    if (!s->rc) {
+        struct strata_err err = {0, ""};
+        int rc = strata_k_quantize_q8(&s->ctx, dx, ne0, (int)ne0, rows, 0, NULL, 0.0f, NULL, dxq,
+                                      &err);
+        st_launched(s, "quantize_q8", rc, &err, dxq, xrb * rows);
+    }
+    st_down(s, xq, dxq, xrb * rows);
+    if (s->rc)
+        return NULL;
+    st_q8_dequant(xq, ne0, rows, xf);
+    return dxq;
+}
+
 /* RMSNorm fused with the 8-bit quantisation of the decode mat-vec's activations. */
 static int c_quantize_q8(int dev, int arg, char *shapes, size_t sc, char *msg, size_t mc)
 {
@@ -655,18 +678,9 @@ static int c_matvec_q8(int dev, int type, char *shapes, size_t sc, char *msg, si
         return st_end(&s);
     kt_fill(x, ne0 * n_x, 1.0f);
     kt_fill(add, ne1 * n_tok, 1.0f);
-    float *dx = (float *)st_up(&s, x, sizeof(float) * ne0 * n_x);
-    void *dxq = st_dev(&s, xrb * n_x);
-    if (!s.rc) {
-        struct strata_err err = {0, ""};
-        int rc = strata_k_quantize_q8(&s.ctx, dx, ne0, (int)ne0, n_x, 0, NULL, 0.0f, NULL, dxq,
-                                      &err);
-        st_launched(&s, "quantize_q8", rc, &err, dxq, xrb * n_x);
-    }
-    st_down(&s, xq, dxq, xrb * n_x);
+    void *dxq = st_q8_input(&s, x, ne0, n_x, xq, xf);
     if (s.rc)
         return st_end(&s);
-    st_q8_dequant(xq, ne0, n_x, xf);
     /* outputs: plain [2 rows] at 0, glu [4 slots] at 2, combine [2 tokens] at 6 */
     double max_mag = 0;
     for (int m = 0; m < 3; m++) {
@@ -747,20 +761,11 @@ static int c_matvec_q8_stage(int dev, int type, char *shapes, size_t sc, char *m
     if (s.rc)
         return st_end(&s);
     kt_fill(x, ne0 * n_tok, 1.0f);
-    float *dx = (float *)st_up(&s, x, sizeof(float) * ne0 * n_tok);
-    void *dxq = st_dev(&s, xrb * n_tok);
+    void *dxq = st_q8_input(&s, x, ne0, n_tok, xq, xf);
     float *dy = (float *)st_dev(&s, sizeof(float) * ne1 * n_tok);
     float *dd = (float *)st_dev(&s, sizeof(float) * ne1 * n_tok);
-    if (!s.rc) {
-        struct strata_err err = {0, ""};
-        int rc = strata_k_quantize_q8(&s.ctx, dx, ne0, (int)ne0, n_tok, 0, NULL, 0.0f, NULL, dxq,
-                                      &err);
-        st_launched(&s, "quantize_q8", rc, &err, dxq, xrb * n_tok);
-    }
-    st_down(&s, xq, dxq, xrb * n_tok);
     if (s.rc)
         return st_end(&s);
-    st_q8_dequant(xq, ne0, n_tok, xf);
     double max_mag = 0;
     for (int t = 0; t < n_tok; t++)
         for (int64_t r = 0; r < ne1; r++) {

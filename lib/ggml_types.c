@@ -79,3 +79,20 @@ int strata_ggml_type_from_name(const char *name)
             return t;
     return -1;
 }
+
+const int *strata_ggml_f16_scale_offsets(uint32_t type)
+{
+    static const int at0[] = {0, -1}, at02[] = {0, 2, -1}, q2k[] = {80, 82, -1},
+                     q3k[] = {108, -1}, q6k[] = {208, -1}, none[] = {-1};
+    if (!strata_ggml_type_known(type) || strata_ggml_blck_size(type) == 1)
+        return none;
+    switch (type) {
+    case STRATA_TYPE_Q4_1: case STRATA_TYPE_Q5_1: case STRATA_TYPE_Q4_K: case STRATA_TYPE_Q5_K:
+        return at02;
+    case STRATA_TYPE_Q2_K: return q2k;
+    case STRATA_TYPE_Q3_K: return q3k;
+    case STRATA_TYPE_Q6_K: return q6k;
+    case STRATA_TYPE_IQ1_M: case STRATA_TYPE_MXFP4: case STRATA_TYPE_Q8_K: return none;
+    default: return at0;
+    }
+}

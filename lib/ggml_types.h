@@ -57,5 +57,11 @@ uint32_t strata_ggml_type_size(uint32_t type);
 uint64_t strata_ggml_row_size(uint32_t type, uint64_t n);
 /* Look a type up by name (case-sensitive, "Q4_K"); -1 when unknown. */
 int strata_ggml_type_from_name(const char *name);
+/* Byte offsets of the f16 scale fields in one block of type (d, then dmin / m where
+ * the type has one), -1 terminated; static storage.  The list is empty for plain
+ * types, unknown ids and types without a whole f16 scale field (IQ1_M packs its
+ * scale into four nibbles, MXFP4 has an e8m0 byte, Q8_K a float32).  Layouts of
+ * ggml-common.h (block_q4_1, block_q2_K, block_q3_K, block_q6_K, ...). */
+const int *strata_ggml_f16_scale_offsets(uint32_t type);
 
 #endif

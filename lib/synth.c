@@ -52,23 +52,6 @@ static void put_f16(uint8_t *p, float f)
     memcpy(p, &h, 2);
 }
 
-/* Offsets of the f16 scales in a block of each type (-1 terminated); the rest of the
- * block is random bytes. */
-static const int *scale_offsets(uint32_t type)
-{
-    static const int at0[] = {0, -1}, at02[] = {0, 2, -1}, q2k[] = {80, 82, -1},
-                     q3k[] = {108, -1}, q6k[] = {208, -1}, none[] = {-1};
-    switch (type) {
-    case STRATA_TYPE_Q4_1: case STRATA_TYPE_Q5_1: case STRATA_TYPE_Q4_K: case STRATA_TYPE_Q5_K:
-        return at02;
-    case STRATA_TYPE_Q2_K: return q2k;
-    case STRATA_TYPE_Q3_K: return q3k;
-    case STRATA_TYPE_Q6_K: return q6k;
-    case STRATA_TYPE_IQ1_M: case STRATA_TYPE_MXFP4: return none;
-    default: return at0;
-    }
-}
-
 /* The values of the random blocks at dst with their f16 scale fields set to (1, 0) and
  * (0, 1): every block type dequantises linearly in its scale fields, value = s0 * X + s1 * Y
  * (Q4_K: d * sc * q - dmin * m, so Y = -m; a one-scale type has no Y).  From up to 16
@@ -144,7 +127,7 @@ static void fill(uint32_t type, uint8_t *dst, uint64_t n, float amp, uint64_t *s
     }
     for (uint64_t i = bytes & ~7ull; i < bytes; i++)
         dst[i] = (uint8_t)next(seed);
-    const int *offs = scale_offsets(type);
+    const int *offs = strata_ggml_f16_scale_offsets(type);
     double ratio = 0, rms = 8;
     if (!calibrate(type, dst, bytes / bb, offs, &ratio, &rms)) {
         ratio = 0;
