@@ -4,6 +4,7 @@
 #include "expert_cpu.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,7 +49,7 @@ static int8_t q8_round(float v)
     return (int8_t)lrintf(v);
 }
 
-void strata_xcpu_quantize_q8(const float *x, int64_t n, int8_t *q, float *d)
+static void quantize_scalar(const float *x, int64_t n, int8_t *q, float *d)
 {
     for (int64_t b = 0; b < n / QB; b++) {
         const float *xb = x + b * QB;
@@ -60,6 +61,51 @@ void strata_xcpu_quantize_q8(const float *x, int64_t n, int8_t *q, float *d)
         for (int j = 0; j < QB; j++)
             q[b * QB + j] = s > 0.0f ? q8_round(xb[j] / s) : 0;
     }
+}
+
+static int use_avx512(int simd_level)
+{
+    if (simd_level < 0)
+        simd_level = strata_quant_simd_level();
+    return simd_level >= STRATA_SIMD_AVX512 && strata_xcpu_have_avx512();
+}
+
+static int use_avx2(int simd_level)
+{
+    if (simd_level < 0)
+        simd_level = strata_quant_simd_level();
+    return simd_level >= STRATA_SIMD_AVX2 && strata_xcpu_have_avx2();
+}
+
+/* the SIMD level whose rows run: STRATA_SIMD_* capped by what this build has */
+static int simd_for(int simd_level)
+{
+    return use_avx512(simd_level) ? STRATA_SIMD_AVX512
+           : use_avx2(simd_level) ? STRATA_SIMD_AVX2
+                                  : STRATA_SIMD_SCALAR;
+}
+
+/* n values (n % 32 == 0) to q8 quants, block scales and the quants' sums per g
+ * values (16 or 32) */
+static void quantize_sums(int simd, const float *x, int64_t n, int8_t *q, float *d,
+                          int32_t *bsum, int g)
+{
+    if (simd >= STRATA_SIMD_AVX512) {
+        strata_xcpu_quantize_q8_avx512(x, n, q, d, bsum, g);
+        return;
+    }
+    quantize_scalar(x, n, q, d);
+    for (int64_t b = 0; b < n / g; b++) {
+        int sm = 0;
+        for (int i = 0; i < g; i++)
+            sm += q[b * g + i];
+        bsum[b] = sm;
+    }
+}
+
+void strata_xcpu_quantize_q8(const float *x, int64_t n, int8_t *q, float *d)
+{
+    quantize_scalar(x, n, q, d);
 }
 
 /* (sc, m) of sub-block j of a Q4_K / Q5_K super-block's 12 packed 6-bit scales */
@@ -74,37 +120,30 @@ static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m)
     }
 }
 
-static int dot_i8(const uint8_t *w, const int8_t *x, int n)
+/* the SIMD rows' horizontal sum of eight lanes (expert_cpu_int.h) */
+static float hsum8(const float *l)
 {
-    int s = 0;
-    for (int i = 0; i < n; i++)
-        s += (int)w[i] * x[i];
-    return s;
+    return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
 }
 
-static int sum_i8(const int8_t *x, int n)
-{
-    int s = 0;
-    for (int i = 0; i < n; i++)
-        s += x[i];
-    return s;
-}
-
-/* One row of ne0 quantised weights times one q8 row (xq, xd): exact integer dot
- * products per scale group, scaled in float as the GPU's per-type dot does. */
+/* One row of ne0 quantised weights times one q8 row (xq, xd; bsum: the quants' sums
+ * per 32 values, per 16 for Q6_K): exact integer dot products per scale group, then
+ * the float combination of the SIMD rows, lane by lane (expert_cpu_int.h). */
 static float dot_q8_row(uint32_t type, const uint8_t *row, int64_t ne0, const int8_t *xq,
-                        const float *xd)
+                        const float *xd, const int32_t *bsum)
 {
-    float sum = 0.0f;
-    uint8_t v[64];
+    float acc[8] = {0};
     switch (type) {
     case STRATA_TYPE_Q8_0:
         for (int64_t b = 0; b < ne0 / 32; b++) {
             const uint8_t *blk = row + b * 34;
-            int dt = 0;
-            for (int j = 0; j < 32; j++)
-                dt += (int)(int8_t)blk[2 + j] * xq[b * 32 + j];
-            sum += f16_at(blk) * xd[b] * (float)dt;
+            const float s = f16_at(blk) * xd[b];
+            for (int k = 0; k < 8; k++) {
+                int dt = 0;
+                for (int l = 4 * k; l < 4 * k + 4; l++)
+                    dt += (int)(int8_t)blk[2 + l] * xq[b * 32 + l];
+                acc[k] = fmaf((float)dt, s, acc[k]);
+            }
         }
         break;
     case STRATA_TYPE_Q4_K:
@@ -113,25 +152,22 @@ static float dot_q8_row(uint32_t type, const uint8_t *row, int64_t ne0, const in
         for (int64_t sb = 0; sb < ne0 / 256; sb++) {
             const uint8_t *blk = row + sb * bs, *qs = blk + (q5 ? 48 : 16), *qh = blk + 16;
             const int8_t *x = xq + sb * 256;
-            const float *d8 = xd + sb * 8;
-            float a = 0.0f, m = 0.0f;
-            for (int g = 0; g < 4; g++) {
+            const float d = f16_at(blk), dmin = f16_at(blk + 2);
+            for (int j = 0; j < 8; j++) {
+                /* sub-block j: nibbles (j & 1) of bytes 32 (j / 2) .. + 31, high bit j of qh */
+                const int g = j / 2, h = j & 1;
+                int dot = 0, sc, mn;
                 for (int l = 0; l < 32; l++) {
-                    v[l] = qs[32 * g + l] & 0xF;
-                    v[32 + l] = qs[32 * g + l] >> 4;
-                    if (q5) {
-                        v[l] |= ((qh[l] >> (2 * g)) & 1) << 4;
-                        v[32 + l] |= ((qh[l] >> (2 * g + 1)) & 1) << 4;
-                    }
+                    int v = (qs[32 * g + l] >> (4 * h)) & 0xF;
+                    if (q5)
+                        v |= ((qh[l] >> j) & 1) << 4;
+                    dot += v * x[32 * j + l];
                 }
-                for (int h = 0; h < 2; h++) {
-                    int j = 2 * g + h, sc, mn;
-                    scale_min_k4(j, blk + 4, &sc, &mn);
-                    a += d8[j] * (float)(sc * dot_i8(v + 32 * h, x + 32 * j, 32));
-                    m += d8[j] * (float)(mn * sum_i8(x + 32 * j, 32));
-                }
+                scale_min_k4(j, blk + 4, &sc, &mn);
+                float t = d * ((float)sc * (float)dot) -
+                          dmin * ((float)mn * (float)bsum[sb * 8 + j]);
+                acc[j] = fmaf(xd[sb * 8 + j], t, acc[j]);
             }
-            sum += f16_at(blk) * a - f16_at(blk + 2) * m;
         }
         break;
     }
@@ -139,40 +175,39 @@ static float dot_q8_row(uint32_t type, const uint8_t *row, int64_t ne0, const in
         for (int64_t sb = 0; sb < ne0 / 256; sb++) {
             const uint8_t *blk = row + sb * 210;
             const int8_t *x = xq + sb * 256;
-            const float *d8 = xd + sb * 8;
-            float a = 0.0f;
+            const float d = f16_at(blk + 208);
             for (int ip = 0; ip < 2; ip++) {
                 const uint8_t *ql = blk + 64 * ip, *qh = blk + 128 + 32 * ip;
                 const int8_t *sc = (const int8_t *)(blk + 192 + 8 * ip);
                 for (int s = 0; s < 4; s++) {
                     /* values 128 ip + 32 s + l: one q8 block, two scale groups of 16 */
                     const uint8_t *lo = ql + 32 * (s & 1);
-                    int sh = 4 * (s >> 1);
-                    int8_t w[32];
-                    for (int l = 0; l < 32; l++)
-                        w[l] = (int8_t)((((lo[l] >> sh) & 0xF) | (((qh[l] >> (2 * s)) & 3) << 4)) -
-                                        32);
+                    const int sh = 4 * (s >> 1);
                     const int8_t *xb = x + 128 * ip + 32 * s;
                     int d0 = 0, d1 = 0;
-                    for (int l = 0; l < 16; l++) {
-                        d0 += w[l] * xb[l];
-                        d1 += w[16 + l] * xb[16 + l];
+                    for (int l = 0; l < 32; l++) {
+                        int w = (((lo[l] >> sh) & 0xF) | (((qh[l] >> (2 * s)) & 3) << 4)) - 32;
+                        if (l < 16)
+                            d0 += w * xb[l];
+                        else
+                            d1 += w * xb[l];
                     }
-                    a += d8[4 * ip + s] * (float)(sc[2 * s] * d0 + sc[2 * s + 1] * d1);
+                    const int j = 4 * ip + s;
+                    float t = xd[sb * 8 + j] * (float)(sc[2 * s] * d0 + sc[2 * s + 1] * d1);
+                    acc[j] = fmaf(t, d, acc[j]);
                 }
             }
-            sum += f16_at(blk + 208) * a;
         }
         break;
     default:
         break;
     }
-    return sum;
+    return hsum8(acc);
 }
 
 /* One matrix times n_tok prepared input rows. */
 struct mm_seg {
-    int mode, avx2;
+    int mode, simd;
     const struct strata_mat *w;
     int n_tok;
     const float *x;    /* F32 / F16: [n_tok, ne0] (F16: already rounded) */
@@ -182,30 +217,12 @@ struct mm_seg {
     float *y;
 };
 
-/* A pool job over the rows of several segments at once: thread ith takes its share
- * of all of them, so that a layer's CPU experts need one pool run, not one per
- * matrix. */
-struct mm_job {
-    const struct mm_seg *seg;
-    int n_seg;
-    int64_t rows;
-};
-
-static void seg_row(const struct mm_seg *j, int64_t r)
+/* row r of a float-path segment, every token */
+static void seg_row_float(const struct mm_seg *j, int64_t r)
 {
     const struct strata_mat *w = j->w;
     const int64_t ne0 = w->ne0, ne1 = w->ne1;
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->nb1;
-    if (j->mode == STRATA_XCPU_Q8) {
-        for (int t = 0; t < j->n_tok; t++)
-            j->y[(int64_t)t * ne1 + r] =
-                j->avx2 ? strata_xcpu_dot_q8_avx2(w->type, row, ne0, j->xq + (int64_t)t * ne0,
-                                                  j->xd + (int64_t)t * (ne0 / QB),
-                                                  j->bs + (int64_t)t * (ne0 / 16))
-                        : dot_q8_row(w->type, row, ne0, j->xq + (int64_t)t * ne0,
-                                     j->xd + (int64_t)t * (ne0 / QB));
-        return;
-    }
     /* chunks of the row dequantised once for a group of tokens */
     const int64_t blck = strata_ggml_blck_size(w->type);
     const int64_t chunk = blck >= CHUNK ? blck : CHUNK / blck * blck;
@@ -233,16 +250,90 @@ static void seg_row(const struct mm_seg *j, int64_t r)
     }
 }
 
+/* rows [r0, r1) of a segment, every token (a token's rows are taken together, so the
+ * weights stay in the caches across the tokens of a verify window) */
+static void seg_rows(const struct mm_seg *j, int64_t r0, int64_t r1)
+{
+    const struct strata_mat *w = j->w;
+    const int64_t ne0 = w->ne0, ne1 = w->ne1;
+    const uint8_t *base = (const uint8_t *)w->data;
+    if (j->mode != STRATA_XCPU_Q8) {
+        for (int64_t r = r0; r < r1; r++)
+            seg_row_float(j, r);
+        return;
+    }
+    for (int t = 0; t < j->n_tok; t++) {
+        const int8_t *xq = j->xq + (int64_t)t * ne0;
+        const float *xd = j->xd + (int64_t)t * (ne0 / QB);
+        const int32_t *bs = j->bs + (int64_t)t * (ne0 / 16);
+        float *y = j->y + (int64_t)t * ne1;
+        if (j->simd >= STRATA_SIMD_AVX512) {
+            strata_xcpu_rows_q8_avx512(w->type, base + (size_t)r0 * w->nb1, w->nb1, r1 - r0,
+                                       ne0, xq, xd, bs, y + r0);
+            continue;
+        }
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *row = base + (size_t)r * w->nb1;
+            /* the next row into L2 while this one is computed (expert_cpu_avx512.c) */
+            if (r + 1 < r1)
+                for (size_t o = 0; o < w->nb1; o += 64)
+                    __builtin_prefetch(row + w->nb1 + o, 0, 2);
+            y[r] = j->simd >= STRATA_SIMD_AVX2
+                       ? strata_xcpu_dot_q8_avx2(w->type, row, ne0, xq, xd, bs)
+                       : dot_q8_row(w->type, row, ne0, xq, xd, bs);
+        }
+    }
+}
+
+/* A pool job over the rows of several segments at once (every down projection of a
+ * layer's CPU experts in one run): threads take chunks of rows from a shared counter
+ * until none are left, so a thread that starts late or runs slow holds up no more
+ * than its last chunk. */
+struct mm_job {
+    const struct mm_seg *seg;
+    int n_seg;
+    int64_t rows, chunk;
+    atomic_llong next;
+};
+
 static void mm_worker(void *ctx, int ith, int nth)
 {
-    const struct mm_job *j = ctx;
-    int64_t r0 = j->rows * ith / nth, r1 = j->rows * (ith + 1) / nth, base = 0;
-    for (int i = 0; i < j->n_seg && r0 < r1; i++) {
-        const int64_t ne1 = j->seg[i].w->ne1;
-        for (; r0 < r1 && r0 < base + ne1; r0++)
-            seg_row(&j->seg[i], r0 - base);
-        base += ne1;
+    struct mm_job *j = ctx;
+    (void)ith;
+    (void)nth;
+    for (;;) {
+        const int64_t r0 = atomic_fetch_add_explicit(&j->next, j->chunk, memory_order_relaxed);
+        if (r0 >= j->rows)
+            break;
+        const int64_t r1 = r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows;
+        int64_t base = 0;
+        for (int i = 0; i < j->n_seg && base < r1; i++) {
+            const int64_t ne1 = j->seg[i].w->ne1;
+            const int64_t lo = r0 > base ? r0 : base, hi = r1 < base + ne1 ? r1 : base + ne1;
+            if (lo < hi)
+                seg_rows(&j->seg[i], lo - base, hi - base);
+            base += ne1;
+        }
     }
+}
+
+/* Rows per chunk: about four chunks per thread, 16 to 64 rows (a chunk of 16 rows of
+ * 2,048 Q4_K weights is 18 KiB: its hand-over, one atomic add, is noise). */
+static int64_t chunk_rows(int64_t rows, struct strata_pool *pool)
+{
+    int64_t c = rows / (4 * (int64_t)strata_pool_n_threads(pool));
+    c = (c + 15) / 16 * 16;
+    return c < 16 ? 16 : c > 64 ? 64 : c;
+}
+
+static void run_rows(struct strata_pool *pool, const struct mm_seg *seg, int n_seg)
+{
+    struct mm_job j = {seg, n_seg, 0, 0, 0};
+    for (int i = 0; i < n_seg; i++)
+        j.rows += seg[i].w->ne1;
+    j.chunk = chunk_rows(j.rows, pool);
+    atomic_init(&j.next, 0);
+    strata_pool_run(pool, mm_worker, &j);
 }
 
 static const char *type_name(uint32_t t)
@@ -270,15 +361,26 @@ static int check_mat(int mode, const struct strata_mat *w, struct strata_err *er
     return 0;
 }
 
+static size_t q8_bytes(int64_t n)
+{
+    return (((size_t)n + 15) & ~(size_t)15) + 4 * (size_t)(n / QB) + 4 * (size_t)(n / 16);
+}
+
+/* bs groups of a type: 16 values for Q6_K (its scale groups), else 32 */
+static int bs_group(uint32_t type)
+{
+    return type == STRATA_TYPE_Q6_K ? 16 : 32;
+}
+
 /* Prepare segment j's inputs x [n_tok, w->ne0] in scratch (q8 rows, or f16-rounded
  * floats); returns the bytes of scratch used (strata_xcpu_scratch_bytes at most). */
-static size_t seg_prepare(struct mm_seg *j, int mode, int avx2, const struct strata_mat *w,
+static size_t seg_prepare(struct mm_seg *j, int mode, int simd, const struct strata_mat *w,
                           const float *x, int n_tok, float *y, void *scratch)
 {
     const int64_t n = (int64_t)n_tok * w->ne0;
     memset(j, 0, sizeof *j);
     j->mode = mode;
-    j->avx2 = avx2;
+    j->simd = simd;
     j->w = w;
     j->n_tok = n_tok;
     j->y = y;
@@ -287,22 +389,14 @@ static size_t seg_prepare(struct mm_seg *j, int mode, int avx2, const struct str
         int8_t *q = scratch;
         float *d = (float *)((char *)scratch + (((size_t)n + 15) & ~(size_t)15));
         int32_t *bs = (int32_t *)(d + n / QB);
-        const int64_t g = w->type == STRATA_TYPE_Q6_K ? 16 : 32, per = w->ne0 / g;
-        for (int t = 0; t < n_tok; t++) {
-            const int8_t *qt = q + (int64_t)t * w->ne0;
-            strata_xcpu_quantize_q8(x + (int64_t)t * w->ne0, w->ne0, q + (int64_t)t * w->ne0,
-                                    d + (int64_t)t * (w->ne0 / QB));
-            for (int64_t b = 0; b < per; b++) {
-                int sm = 0;
-                for (int64_t i = 0; i < g; i++)
-                    sm += qt[b * g + i];
-                bs[(int64_t)t * (w->ne0 / 16) + b] = sm;
-            }
-        }
+        for (int t = 0; t < n_tok; t++)
+            quantize_sums(simd, x + (int64_t)t * w->ne0, w->ne0, q + (int64_t)t * w->ne0,
+                          d + (int64_t)t * (w->ne0 / QB), bs + (int64_t)t * (w->ne0 / 16),
+                          bs_group(w->type));
         j->xq = q;
         j->xd = d;
         j->bs = bs;
-        return (((size_t)n + 15) & ~(size_t)15) + 4 * (size_t)(n / QB) + 4 * (size_t)(n / 16);
+        return q8_bytes(n);
     }
     if (mode == STRATA_XCPU_F16) {
         float *xh = scratch;
@@ -312,13 +406,6 @@ static size_t seg_prepare(struct mm_seg *j, int mode, int avx2, const struct str
         return 4 * (size_t)n;
     }
     return 0;
-}
-
-static int use_avx2(int simd_level)
-{
-    if (simd_level < 0)
-        simd_level = strata_quant_simd_level();
-    return simd_level >= STRATA_SIMD_AVX2 && strata_xcpu_have_avx2();
 }
 
 size_t strata_xcpu_scratch_bytes(int64_t ne0, int n_tok)
@@ -341,9 +428,8 @@ int strata_xcpu_matmul_simd(struct strata_pool *pool, int mode, const struct str
     if (rc || n_tok <= 0)
         return rc;
     struct mm_seg seg;
-    seg_prepare(&seg, mode, use_avx2(simd_level), w, x, n_tok, y, scratch);
-    struct mm_job j = {&seg, 1, w->ne1};
-    strata_pool_run(pool, mm_worker, &j);
+    seg_prepare(&seg, mode, simd_for(simd_level), w, x, n_tok, y, scratch);
+    run_rows(pool, &seg, 1);
     return 0;
 }
 
@@ -356,12 +442,90 @@ size_t strata_xcpu_ffn_work_bytes(int64_t n_embd, int64_t n_ff, int n_tok)
 
 #define ALIGN64(x) (((x) + 63) & ~(size_t)63)
 
+/* One expert of a batch in the gate/up run: its gate and up segments write g and u
+ * [n_tok, n_ff]; each unit of rows of n_ff then applies SwiGLU to its rows
+ * (h = silu(g) * u, in place of g) and prepares them for the down projection: f16
+ * rounding, or, for the 8-bit path, the q8 block of 32 rows, quantised by whichever
+ * unit finishes the block's second half (done[] counts its rows).  So the SwiGLU and
+ * the down projection's input quantisation run on every thread, not between the two
+ * pool runs on one. */
+struct gu_expert {
+    struct mm_seg gate, up;
+    int64_t n_ff, unit0; /* units of this expert: unit0 .. unit0 + ceil(n_ff / unit) */
+    int down_mode, down_g, simd;
+    float *u;
+    int8_t *hq;          /* Q8 down: [n_tok, n_ff] */
+    float *hd;           /* [n_tok, n_ff / 32] */
+    int32_t *hbs;        /* [n_tok, n_ff / 16] */
+    atomic_int *done;    /* [n_ff / 32] */
+};
+
+struct gu_job {
+    struct gu_expert *ex;
+    int n_ex;
+    int64_t units, unit; /* unit: rows of n_ff per unit of work, a multiple of 16 */
+    atomic_llong next;
+};
+
+static void gu_unit(struct gu_expert *e, int64_t r0, int64_t r1)
+{
+    const int64_t nf = e->n_ff;
+    seg_rows(&e->gate, r0, r1);
+    seg_rows(&e->up, r0, r1);
+    for (int t = 0; t < e->gate.n_tok; t++) {
+        float *h = e->gate.y + (int64_t)t * nf;
+        const float *u = e->u + (int64_t)t * nf;
+        for (int64_t r = r0; r < r1; r++) {
+            float g = h[r];
+            h[r] = g / (1.0f + expf(-g)) * u[r];
+            if (e->down_mode == STRATA_XCPU_F16)
+                h[r] = strata_f16_to_f32(strata_f32_to_f16(h[r]));
+        }
+    }
+    if (e->down_mode != STRATA_XCPU_Q8)
+        return;
+    for (int64_t b = r0 / QB; b * QB < r1; b++) {
+        const int64_t lo = b * QB > r0 ? b * QB : r0, hi = (b + 1) * QB < r1 ? (b + 1) * QB : r1;
+        const int n = (int)(hi - lo);
+        /* acq_rel: the other half's h rows are visible to the one that quantises */
+        if (atomic_fetch_add_explicit(&e->done[b], n, memory_order_acq_rel) + n != QB)
+            continue;
+        for (int t = 0; t < e->gate.n_tok; t++)
+            quantize_sums(e->simd, e->gate.y + (int64_t)t * nf + b * QB, QB,
+                          e->hq + (int64_t)t * nf + b * QB, e->hd + (int64_t)t * (nf / QB) + b,
+                          e->hbs + (int64_t)t * (nf / 16) + (e->down_g == 16 ? 2 * b : b),
+                          e->down_g);
+    }
+}
+
+static void gu_worker(void *ctx, int ith, int nth)
+{
+    struct gu_job *j = ctx;
+    (void)ith;
+    (void)nth;
+    int i = 0;
+    for (;;) {
+        const int64_t u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (u >= j->units)
+            break;
+        /* units come in increasing order: the expert only moves forward */
+        while (i + 1 < j->n_ex && j->ex[i + 1].unit0 <= u)
+            i++;
+        struct gu_expert *e = &j->ex[i];
+        const int64_t r0 = (u - e->unit0) * j->unit;
+        gu_unit(e, r0, r0 + j->unit < e->n_ff ? r0 + j->unit : e->n_ff);
+    }
+}
+
 int strata_xcpu_ffn_batch(struct strata_pool *pool, const struct strata_xcpu_expert *ex,
                           int n_ex, int matvec, int q8, void *work, struct strata_err *err)
 {
-    struct mm_seg *seg = NULL;
-    int rc = 0, T = 0;
-    const int avx2 = use_avx2(-1);
+    struct gu_expert *ge = NULL;
+    struct mm_seg *dseg = NULL;
+    atomic_int *done = NULL;
+    int rc = 0, T = 0, n_act = 0;
+    int64_t n_blocks = 0;
+    const int simd = simd_for(-1);
     for (int i = 0; i < n_ex; i++) {
         const struct strata_mat *g = &ex[i].gate, *u = &ex[i].up, *d = &ex[i].down;
         if (u->ne0 != g->ne0 || u->ne1 != g->ne1 || d->ne0 != g->ne1 || d->ne1 != g->ne0)
@@ -375,59 +539,98 @@ int strata_xcpu_ffn_batch(struct strata_pool *pool, const struct strata_xcpu_exp
             (rc = check_mat(strata_xcpu_mode_for(u, matvec, q), u, err)) ||
             (rc = check_mat(strata_xcpu_mode_for(d, matvec, q), d, err)))
             return rc;
-        T += ex[i].n_tok > 0 ? ex[i].n_tok : 0;
+        if (ex[i].n_tok > 0) {
+            T += ex[i].n_tok;
+            n_act++;
+            n_blocks += g->ne1 / QB;
+        }
     }
     if (!n_ex || !T)
         return 0;
-    seg = malloc(sizeof *seg * 2 * (size_t)n_ex);
-    if (!seg)
-        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
-    /* gate and up of every expert in one pool run; [T, n_ff] each, expert after expert */
+    ge = malloc(sizeof *ge * (size_t)n_act);
+    dseg = malloc(sizeof *dseg * (size_t)n_act);
+    done = malloc(sizeof *done * (size_t)(n_blocks + 1));
+    if (!ge || !dseg || !done) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    for (int64_t b = 0; b < n_blocks; b++)
+        atomic_init(&done[b], 0);
+    /* work: g and u [T, n_ff] (expert after expert), then each expert's prepared
+     * inputs (one q8 or f16 copy of x for gate and up where they take the same one,
+     * and the down projection's q8 input) */
     size_t gu_bytes = 0;
     for (int i = 0; i < n_ex; i++)
         gu_bytes += 4 * (size_t)(ex[i].n_tok > 0 ? ex[i].n_tok : 0) * (size_t)ex[i].gate.ne1;
     float *gbuf = work, *ubuf = (float *)((char *)work + ALIGN64(gu_bytes));
     char *scr = (char *)work + 2 * ALIGN64(gu_bytes);
-    struct mm_job j = {seg, 0, 0};
+    /* Units of 64, 32 or 16 rows of n_ff (gate and up: twice as many weight rows),
+     * the largest that still gives each thread three: longer runs of rows read
+     * memory faster (a 1-token expert of 2 threads on the dev machine, from memory:
+     * 22 GB/s in units of 16, 25 in units of 32), more units keep all threads busy. */
+    int64_t rows_ff = 0;
+    for (int i = 0; i < n_ex; i++)
+        rows_ff += ex[i].n_tok > 0 ? ex[i].gate.ne1 : 0;
+    struct gu_job j = {ge, 0, 0, 64, 0};
+    while (j.unit > 16 && rows_ff / j.unit < 3 * strata_pool_n_threads(pool))
+        j.unit /= 2;
     size_t off = 0;
-    int64_t go = 0;
+    int64_t go = 0, bo = 0;
     for (int i = 0; i < n_ex; i++) {
         const int nt = ex[i].n_tok;
         if (nt <= 0)
             continue;
-        const int q = matvec && q8 && strata_xcpu_ffn_q8(&ex[i].gate, &ex[i].down);
-        off += ALIGN64(seg_prepare(&seg[j.n_seg], strata_xcpu_mode_for(&ex[i].gate, matvec, q),
-                                   avx2, &ex[i].gate, ex[i].x, nt, gbuf + go, scr + off));
-        j.rows += ex[i].gate.ne1;
-        j.n_seg++;
-        off += ALIGN64(seg_prepare(&seg[j.n_seg], strata_xcpu_mode_for(&ex[i].up, matvec, q),
-                                   avx2, &ex[i].up, ex[i].x, nt, ubuf + go, scr + off));
-        j.rows += ex[i].up.ne1;
-        j.n_seg++;
-        go += (int64_t)nt * ex[i].gate.ne1;
+        const struct strata_mat *g = &ex[i].gate, *u = &ex[i].up, *d = &ex[i].down;
+        const int q = matvec && q8 && strata_xcpu_ffn_q8(g, d);
+        const int mode = strata_xcpu_mode_for(g, matvec, q);
+        struct gu_expert *e = &ge[j.n_ex++];
+        memset(e, 0, sizeof *e);
+        off += ALIGN64(seg_prepare(&e->gate, mode, simd, g, ex[i].x, nt, gbuf + go, scr + off));
+        if (mode != STRATA_XCPU_Q8 || bs_group(g->type) == bs_group(u->type)) {
+            e->up = e->gate; /* the same prepared x */
+            e->up.w = u;
+            e->up.y = ubuf + go;
+        } else {
+            off += ALIGN64(seg_prepare(&e->up, mode, simd, u, ex[i].x, nt, ubuf + go, scr + off));
+        }
+        e->n_ff = g->ne1;
+        e->unit0 = j.units;
+        j.units += (g->ne1 + j.unit - 1) / j.unit;
+        e->down_mode = strata_xcpu_mode_for(d, matvec, q);
+        e->down_g = bs_group(d->type);
+        e->simd = simd;
+        e->u = ubuf + go;
+        e->done = done + bo;
+        bo += g->ne1 / QB;
+        /* the down projection reads h (in g's place) as prepared by the units */
+        struct mm_seg *ds = &dseg[j.n_ex - 1];
+        memset(ds, 0, sizeof *ds);
+        ds->mode = e->down_mode;
+        ds->simd = simd;
+        ds->w = d;
+        ds->n_tok = nt;
+        ds->x = gbuf + go;
+        ds->y = ex[i].y;
+        if (ds->mode == STRATA_XCPU_Q8) {
+            const int64_t n = (int64_t)nt * g->ne1;
+            e->hq = (int8_t *)(scr + off);
+            e->hd = (float *)(scr + off + (((size_t)n + 15) & ~(size_t)15));
+            e->hbs = (int32_t *)(e->hd + n / QB);
+            ds->xq = e->hq;
+            ds->xd = e->hd;
+            ds->bs = e->hbs;
+            off += ALIGN64(q8_bytes(n));
+        }
+        go += (int64_t)nt * g->ne1;
     }
-    strata_pool_run(pool, mm_worker, &j);
-    for (int64_t i = 0; i < go; i++)
-        gbuf[i] = gbuf[i] / (1.0f + expf(-gbuf[i])) * ubuf[i];
-    /* the down projections in a second run */
-    j.n_seg = 0;
-    j.rows = 0;
-    off = 0;
-    go = 0;
-    for (int i = 0; i < n_ex; i++) {
-        const int nt = ex[i].n_tok;
-        if (nt <= 0)
-            continue;
-        const int q = matvec && q8 && strata_xcpu_ffn_q8(&ex[i].gate, &ex[i].down);
-        off += ALIGN64(seg_prepare(&seg[j.n_seg], strata_xcpu_mode_for(&ex[i].down, matvec, q),
-                                   avx2, &ex[i].down, gbuf + go, nt, ex[i].y, scr + off));
-        j.rows += ex[i].down.ne1;
-        j.n_seg++;
-        go += (int64_t)nt * ex[i].gate.ne1;
-    }
-    strata_pool_run(pool, mm_worker, &j);
-    free(seg);
-    return 0;
+    atomic_init(&j.next, 0);
+    strata_pool_run(pool, gu_worker, &j);
+    run_rows(pool, dseg, n_act);
+out:
+    free(ge);
+    free(dseg);
+    free(done);
+    return rc;
 }
 
 int strata_xcpu_ffn(struct strata_pool *pool, const struct strata_mat *gate,

@@ -64,7 +64,8 @@ int strata_xcpu_matmul(struct strata_pool *pool, int mode, const struct strata_m
                        const float *x, int n_tok, float *y, void *scratch,
                        struct strata_err *err);
 /* The same with the rows of one SIMD level (enum strata_simd of quant.h; the 8-bit
- * path has scalar and AVX2 rows; < 0: strata_quant_simd_level()), for tests. */
+ * path has scalar, AVX2 and AVX-512 VNNI rows, each giving the scalar rows' bits;
+ * < 0: strata_quant_simd_level(), which $STRATA_SIMD caps), for tests. */
 int strata_xcpu_matmul_simd(struct strata_pool *pool, int mode, const struct strata_mat *w,
                             const float *x, int n_tok, float *y, void *scratch, int simd_level,
                             struct strata_err *err);
@@ -82,8 +83,10 @@ int strata_xcpu_ffn(struct strata_pool *pool, const struct strata_mat *gate,
                     struct strata_err *err);
 size_t strata_xcpu_ffn_work_bytes(int64_t n_embd, int64_t n_ff, int n_tok);
 
-/* Several experts' FFNs in two pool runs (gate and up of all, then every down
- * projection): expert i maps its n_tok rows x to y, as strata_xcpu_ffn.  work:
+/* Several experts' FFNs in two pool runs (gate and up of all, with the SwiGLU and the
+ * down projection's input quantisation on the same threads; then every down
+ * projection), threads taking chunks of rows as they go: expert i maps its n_tok rows
+ * x to y, as strata_xcpu_ffn, bit for bit.  work:
  * strata_xcpu_ffn_work_bytes(n_embd, n_ff, total n_tok) for the largest n_embd and n_ff.
  * Errors: as strata_xcpu_ffn (nothing computed), STRATA_E_NOMEM. */
 struct strata_xcpu_expert {

@@ -1,8 +1,9 @@
 /* expert_cpu_avx2.c - AVX2 rows of the 8-bit path of expert_cpu.c: the same integer
  * dot products per scale group (maddubs of unsigned weight quants and signed
- * activation quants, exact: no pair sum exceeds 16,002), scaled and summed in float
- * lanes.  Compiled with -mavx2 -mfma (mk/expert_cpu.mk); called only when the CPU has
- * them. */
+ * activation quants, exact: no pair sum exceeds 32,512), scaled and summed in eight
+ * float lanes in the order of expert_cpu_int.h, which the scalar and AVX-512 rows
+ * follow to the bit.  Compiled with -mavx2 -mfma (mk/expert_cpu.mk); called only when
+ * the CPU has them. */
 #include "expert_cpu_int.h"
 
 #if defined(__AVX2__)

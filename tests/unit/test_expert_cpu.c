@@ -3,8 +3,8 @@
  * dequantised weights times the 32-value q8 activations (and differs from the float
  * product, so the quantisation is really there), the f16 path equals f16-rounded
  * operands, the float path the plain product; a whole expert FFN equals the chain of
- * references; a worker pool gives the same bits as inline; bad shapes and types are
- * refused. */
+ * references; every SIMD level's 8-bit rows give the scalar rows' bits; a worker
+ * pool gives the same bits as inline; bad shapes and types are refused. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,7 +155,7 @@ static void test_matmul(struct strata_pool *pool)
         int rc = 0;
         double e = 0;
         ref_matmul(&b, 0, x, n_tok, ref, mag);
-        for (int lv = STRATA_SIMD_AVX2; lv >= STRATA_SIMD_SCALAR; lv--) {
+        for (int lv = STRATA_SIMD_COUNT - 1; lv >= STRATA_SIMD_SCALAR; lv--) {
             if (lv > strata_quant_simd_detect()) {
                 ok(1, "# SKIP %s: no %s on this CPU", tn, strata_quant_simd_name(lv));
                 continue;
@@ -211,6 +211,93 @@ static void test_matmul(struct strata_pool *pool)
     free(ref);
     free(mag);
     free(scr);
+}
+
+/* x for the bitwise tests: random, never zero, blocks of very different magnitudes
+ * (so each q8 block has its own scale), and in token 1 some blocks whose quants fall
+ * exactly on ties (amax 127 gives d = 1, values k + 0.5) */
+static void fill_x_mixed(float *x, int n_tok, int64_t ne0)
+{
+    for (int t = 0; t < n_tok; t++)
+        for (int64_t b = 0; b < ne0 / 32; b++) {
+            float *xb = x + (int64_t)t * ne0 + 32 * b;
+            float mag = powf(10.0f, 3.0f * qt_uniform());
+            for (int j = 0; j < 32; j++) {
+                float v = qt_uniform();
+                xb[j] = mag * (v == 0.0f ? 0.25f : v);
+            }
+            if (t == 1 && b % 3 == 0) {
+                for (int j = 0; j < 32; j++)
+                    xb[j] = (float)((int)(qt_rand() % 200) - 100) + 0.5f;
+                xb[qt_rand() % 32] = b % 2 ? -127.0f : 127.0f;
+            }
+        }
+}
+
+/* Every SIMD level's 8-bit rows give the scalar rows' bits, per type, on shapes that
+ * leave an odd last row (the AVX-512 rows go in pairs) and blocks of any magnitude;
+ * the scalar rows themselves are held to the reference, so equal stubs fail. */
+static void test_simd_bits(struct strata_pool *pool)
+{
+    const uint32_t types[] = {STRATA_TYPE_Q4_K, STRATA_TYPE_Q5_K, STRATA_TYPE_Q6_K,
+                              STRATA_TYPE_Q8_0};
+    const int64_t shapes[][2] = {{768, 37}, {256, 1}, {1280, 6}};
+    const int n_tok = 3;
+    struct strata_err err = {0, ""};
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            /* Q8_0 rows of 32-value blocks: an odd count of them too */
+            const int64_t ne0 =
+                shapes[si][0] + (types[k] == STRATA_TYPE_Q8_0 ? 32 * (int64_t)si : 0);
+            const int64_t ne1 = shapes[si][1];
+            const char *tn = strata_ggml_type_name(types[k]);
+            struct mat_buf b = {{0, 0, 0, 0, NULL}, NULL, NULL};
+            float *x = malloc(sizeof(float) * n_tok * ne0);
+            float *y0 = malloc(sizeof(float) * n_tok * ne1);
+            float *y = malloc(sizeof(float) * n_tok * ne1);
+            double *ref = malloc(sizeof(double) * n_tok * ne1);
+            double *mag = malloc(sizeof(double) * n_tok * ne1);
+            void *scr = malloc(strata_xcpu_scratch_bytes(ne0, n_tok));
+            if (make_mat(&b, types[k], ne0, ne1) != 0 || !x || !y0 || !y || !ref || !mag || !scr) {
+                ok(0, "%s [%lld, %lld]: allocation", tn, (long long)ne1, (long long)ne0);
+                goto next;
+            }
+            fill_x_mixed(x, n_tok, ne0);
+            int rc = strata_xcpu_matmul_simd(pool, STRATA_XCPU_Q8, &b.m, x, n_tok, y0, scr,
+                                             STRATA_SIMD_SCALAR, &err);
+            ref_matmul(&b, 0, x, n_tok, ref, mag);
+            double e = rc ? INFINITY : max_rel(y0, ref, mag, n_tok * ne1);
+            ok(rc == 0 && e < 1e-5, "%s [%lld, %lld], scalar rows = reference (%.2e)", tn,
+               (long long)ne1, (long long)ne0, e);
+            for (int lv = STRATA_SIMD_SCALAR + 1; lv < STRATA_SIMD_COUNT; lv++) {
+                if (lv > strata_quant_simd_detect()) {
+                    ok(1, "# SKIP %s: no %s on this CPU", tn, strata_quant_simd_name(lv));
+                    continue;
+                }
+                memset(y, 0xFF, sizeof(float) * n_tok * ne1);
+                rc = strata_xcpu_matmul_simd(pool, STRATA_XCPU_Q8, &b.m, x, n_tok, y, scr, lv,
+                                             &err);
+                int64_t bad = -1;
+                for (int64_t i = 0; i < n_tok * ne1 && bad < 0; i++)
+                    if (memcmp(&y[i], &y0[i], sizeof(float)))
+                        bad = i;
+                ok(rc == 0 && bad < 0, "%s [%lld, %lld], %s rows: the scalar rows' bits for "
+                   "%d tokens", tn, (long long)ne1, (long long)ne0, strata_quant_simd_name(lv),
+                   n_tok);
+                if (bad >= 0)
+                    diag("token %lld row %lld: %.9g (%s) vs %.9g (scalar)",
+                         (long long)(bad / ne1), (long long)(bad % ne1), y[bad],
+                         strata_quant_simd_name(lv), y0[bad]);
+            }
+        next:
+            free_mat(&b);
+            free(x);
+            free(y0);
+            free(y);
+            free(ref);
+            free(mag);
+            free(scr);
+        }
 }
 
 /* the reference FFN of one row: modes per matrix as the GPU batch kind picks them */
@@ -295,6 +382,28 @@ static void test_ffn(struct strata_pool *pool)
         free(y1);
         free(wb);
     }
+    /* the gate/up run applies SwiGLU and quantises h on the pool's threads (a q8 block
+     * by whichever unit finishes it): the bits of the unfused chain of matrices */
+    {
+        float *gv = malloc(sizeof(float) * n_tok * n_ff);
+        float *uv = malloc(sizeof(float) * n_tok * n_ff);
+        float *yc = malloc(sizeof(float) * n_tok * n_embd);
+        void *s1 = malloc(strata_xcpu_scratch_bytes(n_embd, n_tok));
+        int rc = strata_xcpu_matmul(pool, STRATA_XCPU_Q8, &g.m, x, n_tok, gv, s1, &err);
+        rc = rc ? rc : strata_xcpu_matmul(pool, STRATA_XCPU_Q8, &u.m, x, n_tok, uv, s1, &err);
+        for (int64_t i = 0; i < n_tok * n_ff && !rc; i++)
+            gv[i] = gv[i] / (1.0f + expf(-gv[i])) * uv[i];
+        rc = rc ? rc : strata_xcpu_matmul(pool, STRATA_XCPU_Q8, &d.m, gv, n_tok, yc, s1, &err);
+        rc = rc ? rc : strata_xcpu_ffn(pool, &g.m, &u.m, &d.m, 1, 1, x, n_tok, y, work, &err);
+        ok(rc == 0 && !memcmp(y, yc, sizeof(float) * n_tok * n_embd),
+           "expert FFN, mat-vec 8-bit, %s rows: the bits of gate, up, SwiGLU and down one "
+           "matrix at a time%s%s", strata_quant_simd_name(strata_quant_simd_level()),
+           rc ? ": " : "", rc ? err.msg : "");
+        free(gv);
+        free(uv);
+        free(yc);
+        free(s1);
+    }
     int rc = strata_xcpu_ffn(pool, &g.m, &u.m, &g.m, 1, 1, x, n_tok, y, work, &err);
     ok(rc == STRATA_E_INVALID && strstr(err.msg, "ffn_down"),
        "shapes that do not chain are refused: %s", err.msg);
@@ -320,6 +429,7 @@ int main(void)
        "8-bit activations for Q4_K, Q5_K, Q6_K, Q8_0 only (the GPU's set)");
     test_quantize();
     test_matmul(pool);
+    test_simd_bits(pool);
     test_ffn(pool);
     strata_pool_free(pool);
     return tap_done();
