@@ -94,6 +94,10 @@ static void quantize_sums(int simd, const float *x, int64_t n, int8_t *q, float 
         strata_xcpu_quantize_q8_avx512(x, n, q, d, bsum, g);
         return;
     }
+    if (simd >= STRATA_SIMD_AVX2) {
+        strata_xcpu_quantize_q8_avx2(x, n, q, d, bsum, g);
+        return;
+    }
     quantize_scalar(x, n, q, d);
     for (int64_t b = 0; b < n / g; b++) {
         int sm = 0;
@@ -250,6 +254,12 @@ static void seg_row_float(const struct mm_seg *j, int64_t r)
     }
 }
 
+static void prefetch_row(const uint8_t *p, size_t n)
+{
+    for (size_t o = 0; o < n; o += 64)
+        __builtin_prefetch(p + o, 0, 2);
+}
+
 /* rows [r0, r1) of a segment, every token (a token's rows are taken together, so the
  * weights stay in the caches across the tokens of a verify window) */
 static void seg_rows(const struct mm_seg *j, int64_t r0, int64_t r1)
@@ -272,12 +282,16 @@ static void seg_rows(const struct mm_seg *j, int64_t r0, int64_t r1)
                                        ne0, xq, xd, bs, y + r0);
             continue;
         }
+        /* rows about 4 KiB ahead into L2 while this one is computed, as the AVX-512
+         * rows do (2 threads of AVX2 rows reading from memory: 12.4 GB/s without,
+         * 12.9 with, 11.7 with only the next row) */
+        const int64_t ahead = (int64_t)((4096 + w->nb1 - 1) / w->nb1);
+        for (int64_t r = r0; r < r0 + ahead && r < r1; r++)
+            prefetch_row(base + (size_t)r * w->nb1, w->nb1);
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *row = base + (size_t)r * w->nb1;
-            /* the next row into L2 while this one is computed (expert_cpu_avx512.c) */
-            if (r + 1 < r1)
-                for (size_t o = 0; o < w->nb1; o += 64)
-                    __builtin_prefetch(row + w->nb1 + o, 0, 2);
+            if (r + ahead < r1)
+                prefetch_row(row + ahead * w->nb1, w->nb1);
             y[r] = j->simd >= STRATA_SIMD_AVX2
                        ? strata_xcpu_dot_q8_avx2(w->type, row, ne0, xq, xd, bs)
                        : dot_q8_row(w->type, row, ne0, xq, xd, bs);

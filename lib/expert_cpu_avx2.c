@@ -147,6 +147,49 @@ float strata_xcpu_dot_q8_avx2(uint32_t type, const uint8_t *row, int64_t ne0, co
     }
 }
 
+void strata_xcpu_quantize_q8_avx2(const float *x, int64_t n, int8_t *q, float *d,
+                                  int32_t *bsum, int g)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t b = 0; b < n / 32; b++) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(x + 32 * b + 8 * k);
+            /* max_ps returns its second operand when the first is NaN: NaNs are
+             * skipped, as fmaxf skips them; the max itself is exact in any order */
+            m = _mm256_max_ps(_mm256_andnot_ps(sign, v[k]), m);
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+        const float s = _mm_cvtss_f32(h) / 127.0f;
+        d[b] = s;
+        int32_t qi[32] = {0};
+        if (s > 0.0f) {
+            /* x / s rounded in the current mode (nearest, ties to even): lrintf's bits */
+            const __m256 vs = _mm256_set1_ps(s);
+            for (int k = 0; k < 4; k++)
+                _mm256_storeu_si256((__m256i *)(qi + 8 * k),
+                                    _mm256_cvtps_epi32(_mm256_div_ps(v[k], vs)));
+        }
+        /* int8 as the scalar path casts lrintf's value (a NaN's INT_MIN becomes 0) */
+        int32_t s0 = 0, s1 = 0;
+        for (int j = 0; j < 32; j++) {
+            q[32 * b + j] = (int8_t)qi[j];
+            if (j < 16)
+                s0 += q[32 * b + j];
+            else
+                s1 += q[32 * b + j];
+        }
+        if (g == 16) {
+            bsum[2 * b] = s0;
+            bsum[2 * b + 1] = s1;
+        } else {
+            bsum[b] = s0 + s1;
+        }
+    }
+}
+
 int strata_xcpu_have_avx2(void)
 {
     return 1;
@@ -164,6 +207,17 @@ float strata_xcpu_dot_q8_avx2(uint32_t type, const uint8_t *row, int64_t ne0, co
     (void)xd;
     (void)bsum;
     return 0.0f;
+}
+
+void strata_xcpu_quantize_q8_avx2(const float *x, int64_t n, int8_t *q, float *d,
+                                  int32_t *bsum, int g)
+{
+    (void)x;
+    (void)n;
+    (void)q;
+    (void)d;
+    (void)bsum;
+    (void)g;
 }
 
 int strata_xcpu_have_avx2(void)

@@ -17,6 +17,10 @@
  * for Q6_K).  AVX2 builds only: strata_xcpu_have_avx2() says whether this one is. */
 float strata_xcpu_dot_q8_avx2(uint32_t type, const uint8_t *row, int64_t ne0, const int8_t *xq,
                               const float *xd, const int32_t *bsum);
+/* strata_xcpu_quantize_q8 with the same bits, and the sums of the quants per g values
+ * (g = 16 or 32) into bsum [n / g]. */
+void strata_xcpu_quantize_q8_avx2(const float *x, int64_t n, int8_t *q, float *d,
+                                  int32_t *bsum, int g);
 int strata_xcpu_have_avx2(void);
 
 /* y[r] = row r (at w + r * nb1) times the q8 row, r < n_rows, as
@@ -25,8 +29,7 @@ int strata_xcpu_have_avx2(void);
 void strata_xcpu_rows_q8_avx512(uint32_t type, const uint8_t *w, size_t nb1, int64_t n_rows,
                                 int64_t ne0, const int8_t *xq, const float *xd,
                                 const int32_t *bsum, float *y);
-/* strata_xcpu_quantize_q8 with the same bits, and the sums of the quants per g values
- * (g = 16 or 32) into bsum [n / g]. */
+/* strata_xcpu_quantize_q8_avx2 in 512-bit registers */
 void strata_xcpu_quantize_q8_avx512(const float *x, int64_t n, int8_t *q, float *d,
                                     int32_t *bsum, int g);
 int strata_xcpu_have_avx512(void);
