@@ -322,6 +322,46 @@ static void ref_ffn(const struct mat_buf *g, const struct mat_buf *u, const stru
     free(h);
 }
 
+/* The gate/up run applies SwiGLU and quantises h on the pool's threads (a q8 block by
+ * whichever unit finishes it), x quantised once for gate and up where their types
+ * allow: an expert's output has the bits of gate, up, SwiGLU and down one matrix at a
+ * time.  The work buffer is the exact size the header asks for (ASan checks it). */
+static void chain_bits(struct strata_pool *pool, const struct mat_buf *g,
+                       const struct mat_buf *u, const struct mat_buf *d, int n_tok)
+{
+    const int64_t n_embd = g->m.ne0, n_ff = g->m.ne1;
+    const int64_t m = n_embd > n_ff ? n_embd : n_ff;
+    struct strata_err err = {0, ""};
+    float *x = malloc(sizeof(float) * n_tok * n_embd), *y = malloc(sizeof(float) * n_tok * n_embd);
+    float *yc = malloc(sizeof(float) * n_tok * n_embd);
+    float *gv = malloc(sizeof(float) * n_tok * n_ff), *uv = malloc(sizeof(float) * n_tok * n_ff);
+    void *s1 = malloc(strata_xcpu_scratch_bytes(m, n_tok));
+    void *work = malloc(strata_xcpu_ffn_work_bytes(n_embd, n_ff, n_tok));
+    int rc = STRATA_E_NOMEM;
+    if (x && y && gv && uv && yc && s1 && work) {
+        fill_x_mixed(x, n_tok, n_embd);
+        rc = strata_xcpu_matmul(pool, STRATA_XCPU_Q8, &g->m, x, n_tok, gv, s1, &err);
+        rc = rc ? rc : strata_xcpu_matmul(pool, STRATA_XCPU_Q8, &u->m, x, n_tok, uv, s1, &err);
+        for (int64_t i = 0; i < n_tok * n_ff && !rc; i++)
+            gv[i] = gv[i] / (1.0f + expf(-gv[i])) * uv[i];
+        rc = rc ? rc : strata_xcpu_matmul(pool, STRATA_XCPU_Q8, &d->m, gv, n_tok, yc, s1, &err);
+        rc = rc ? rc : strata_xcpu_ffn(pool, &g->m, &u->m, &d->m, 1, 1, x, n_tok, y, work, &err);
+    }
+    ok(rc == 0 && !memcmp(y, yc, sizeof(float) * n_tok * n_embd),
+       "expert FFN of %s/%s/%s, n_embd %lld, n_ff %lld, %d tokens, %s rows: the bits of gate, "
+       "up, SwiGLU and down one matrix at a time%s%s", strata_ggml_type_name(g->m.type),
+       strata_ggml_type_name(u->m.type), strata_ggml_type_name(d->m.type), (long long)n_embd,
+       (long long)n_ff, n_tok, strata_quant_simd_name(strata_quant_simd_level()),
+       rc ? ": " : "", rc ? err.msg : "");
+    free(x);
+    free(y);
+    free(gv);
+    free(uv);
+    free(yc);
+    free(s1);
+    free(work);
+}
+
 static void test_ffn(struct strata_pool *pool)
 {
     const int64_t n_embd = 512, n_ff = 256;
@@ -382,27 +422,20 @@ static void test_ffn(struct strata_pool *pool)
         free(y1);
         free(wb);
     }
-    /* the gate/up run applies SwiGLU and quantises h on the pool's threads (a q8 block
-     * by whichever unit finishes it): the bits of the unfused chain of matrices */
+    chain_bits(pool, &g, &u, &d, n_tok);
     {
-        float *gv = malloc(sizeof(float) * n_tok * n_ff);
-        float *uv = malloc(sizeof(float) * n_tok * n_ff);
-        float *yc = malloc(sizeof(float) * n_tok * n_embd);
-        void *s1 = malloc(strata_xcpu_scratch_bytes(n_embd, n_tok));
-        int rc = strata_xcpu_matmul(pool, STRATA_XCPU_Q8, &g.m, x, n_tok, gv, s1, &err);
-        rc = rc ? rc : strata_xcpu_matmul(pool, STRATA_XCPU_Q8, &u.m, x, n_tok, uv, s1, &err);
-        for (int64_t i = 0; i < n_tok * n_ff && !rc; i++)
-            gv[i] = gv[i] / (1.0f + expf(-gv[i])) * uv[i];
-        rc = rc ? rc : strata_xcpu_matmul(pool, STRATA_XCPU_Q8, &d.m, gv, n_tok, yc, s1, &err);
-        rc = rc ? rc : strata_xcpu_ffn(pool, &g.m, &u.m, &d.m, 1, 1, x, n_tok, y, work, &err);
-        ok(rc == 0 && !memcmp(y, yc, sizeof(float) * n_tok * n_embd),
-           "expert FFN, mat-vec 8-bit, %s rows: the bits of gate, up, SwiGLU and down one "
-           "matrix at a time%s%s", strata_quant_simd_name(strata_quant_simd_level()),
-           rc ? ": " : "", rc ? err.msg : "");
-        free(gv);
-        free(uv);
-        free(yc);
-        free(s1);
+        /* gate and up of different bs groups (two quantised copies of x), a Q8_0 down
+         * of 3 q8 blocks (6 units of 16 rows) */
+        struct mat_buf g2 = {{0, 0, 0, 0, NULL}, NULL, NULL}, u2 = g2, d2 = g2;
+        if (make_mat(&g2, STRATA_TYPE_Q4_K, 256, 96) == 0 &&
+            make_mat(&u2, STRATA_TYPE_Q6_K, 256, 96) == 0 &&
+            make_mat(&d2, STRATA_TYPE_Q8_0, 96, 256) == 0)
+            chain_bits(pool, &g2, &u2, &d2, 3);
+        else
+            ok(0, "expert FFN of Q4_K/Q6_K/Q8_0: random weights");
+        free_mat(&g2);
+        free_mat(&u2);
+        free_mat(&d2);
     }
     int rc = strata_xcpu_ffn(pool, &g.m, &u.m, &g.m, 1, 1, x, n_tok, y, work, &err);
     ok(rc == STRATA_E_INVALID && strstr(err.msg, "ffn_down"),
