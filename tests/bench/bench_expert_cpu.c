@@ -3,7 +3,8 @@
  *
  *   bench_expert_cpu [-t THREADS] [-r REPS] [-m MIB] [-s scalar|avx2|avx512]
  *
- * 1. the worker pool's hand-over: a pool run of trivial work, median microseconds;
+ * 1. the worker pool's hand-over: a pool run of trivial work, median microseconds,
+ *    back to back and after the pool sat idle for 0.1, 1 and 30 ms;
  * 2. one thread, the rows of every 8-bit weight type at every SIMD level the CPU has
  *    (-s caps it), for the Qwen3-30B-A3B expert shapes (ffn_gate/ffn_up [768, 2048]:
  *    ne0 = 2048, ne1 = 768; ffn_down [2048, 768]: ne0 = 768, ne1 = 2048), the matrix
@@ -279,8 +280,23 @@ int main(int argc, char **argv)
         strata_pool_run(pool, noop, NULL);
         th[r] = now() - t0;
     }
-    printf("pool run of trivial work: median %.2f us, 90th percentile %.2f us\n",
-           median(th, nh) * 1e6, th[nh * 9 / 10] * 1e6);
+    const double med = median(th, nh); /* sorts th */
+    printf("pool run of trivial work: median %.2f us, 90th percentile %.2f us back to back",
+           med * 1e6, th[nh * 9 / 10] * 1e6);
+    /* after the pool sat idle, as between two layers' CPU experts (the workers spin,
+     * then yield, then sleep) */
+    static const int idle_us[] = {100, 1000, 30000};
+    for (size_t k = 0; k < sizeof idle_us / sizeof idle_us[0]; k++) {
+        const int n = idle_us[k] >= 30000 ? 15 : 101;
+        for (int r = 0; r < n; r++) {
+            usleep((useconds_t)idle_us[k]);
+            double t0 = now();
+            strata_pool_run(pool, noop, NULL);
+            th[r] = now() - t0;
+        }
+        printf("; %.2f us after %d us idle", median(th, n) * 1e6, idle_us[k]);
+    }
+    printf("\n");
     free(th);
 
     bench_rows(max_level, reps);
