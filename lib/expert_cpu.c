@@ -531,6 +531,22 @@ static void gu_worker(void *ctx, int ith, int nth)
     }
 }
 
+/* An earlier expert's gate segment whose q8 input is that of x [n_tok, g->ne0] for g
+ * (the same values, bit for bit, and bs groups): in a decode step every expert of the
+ * token has a copy of the same row. */
+static const struct mm_seg *same_q8_input(const struct gu_expert *ge, int n,
+                                          const struct strata_mat *g, const float *x, int n_tok)
+{
+    for (int k = n - 1; k >= 0; k--) {
+        const struct mm_seg *s = &ge[k].gate;
+        if (s->mode == STRATA_XCPU_Q8 && s->n_tok == n_tok && s->w->ne0 == g->ne0 &&
+            bs_group(s->w->type) == bs_group(g->type) &&
+            (s->x == x || !memcmp(s->x, x, sizeof(float) * (size_t)n_tok * (size_t)g->ne0)))
+            return s;
+    }
+    return NULL;
+}
+
 int strata_xcpu_ffn_batch(struct strata_pool *pool, const struct strata_xcpu_expert *ex,
                           int n_ex, int matvec, int q8, void *work, struct strata_err *err)
 {
@@ -599,7 +615,17 @@ int strata_xcpu_ffn_batch(struct strata_pool *pool, const struct strata_xcpu_exp
         const int mode = strata_xcpu_mode_for(g, matvec, q);
         struct gu_expert *e = &ge[j.n_ex++];
         memset(e, 0, sizeof *e);
-        off += ALIGN64(seg_prepare(&e->gate, mode, simd, g, ex[i].x, nt, gbuf + go, scr + off));
+        const struct mm_seg *same = mode == STRATA_XCPU_Q8 ? same_q8_input(ge, j.n_ex - 1, g,
+                                                                             ex[i].x, nt)
+                                                          : NULL;
+        if (same) {
+            e->gate = *same; /* x quantised once per token, not once per expert */
+            e->gate.w = g;
+            e->gate.y = gbuf + go;
+        } else {
+            off += ALIGN64(seg_prepare(&e->gate, mode, simd, g, ex[i].x, nt, gbuf + go,
+                                       scr + off));
+        }
         if (mode != STRATA_XCPU_Q8 || bs_group(g->type) == bs_group(u->type)) {
             e->up = e->gate; /* the same prepared x */
             e->up.w = u;

@@ -418,6 +418,30 @@ static void test_ffn(struct strata_pool *pool)
         }
         ok(same, "a batch of 3 experts (1, 0 and 2 tokens) equals one call per expert%s%s",
            rc ? ": " : "", rc ? err.msg : "");
+        /* a decode step: experts of one token, each with its own copy of the row (x
+         * quantised once for all of them), and one of another row */
+        float *xc = malloc(sizeof(float) * 3 * n_embd);
+        if (xc) {
+            memcpy(xc, x, sizeof(float) * n_embd);
+            memcpy(xc + n_embd, x + n_embd, sizeof(float) * n_embd);
+            memcpy(xc + 2 * n_embd, x, sizeof(float) * n_embd);
+        }
+        for (int i = 0; i < 3; i++) {
+            ex[i].gate = i == 1 ? u.m : g.m;
+            ex[i].up = i == 1 ? g.m : u.m;
+            ex[i].x = xc + i * n_embd;
+            ex[i].y = yb + i * n_embd;
+            ex[i].n_tok = 1;
+        }
+        rc = xc ? strata_xcpu_ffn_batch(pool, ex, 3, 1, 1, wb, &err) : STRATA_E_NOMEM;
+        same = rc == 0;
+        for (int i = 0; i < 3 && same; i++)
+            same = strata_xcpu_ffn(pool, &ex[i].gate, &ex[i].up, &ex[i].down, 1, 1,
+                                   i == 1 ? x + n_embd : x, 1, y1, work, &err) == 0 &&
+                   !memcmp(y1, ex[i].y, sizeof(float) * n_embd);
+        ok(same, "a batch of 3 one-token experts, two of them copies of one row, equals one "
+           "call per expert%s%s", rc ? ": " : "", rc ? err.msg : "");
+        free(xc);
         free(yb);
         free(y1);
         free(wb);
