@@ -13,7 +13,29 @@
 struct model_state {
     struct strata_engine *e; /* not owned */
     float *logits;           /* [n_vocab] */
+    int32_t logits_at;       /* logits follow the draft's first logits_at positions
+                                (-1: none) */
 };
+
+/* Greedy drafting from the logits after the draft's last position: n_max tokens,
+ * each the argmax after the one before. */
+static int draft_from(struct model_state *st, int32_t n_max, int32_t *out, int32_t *n_out,
+                      struct strata_err *err)
+{
+    const int32_t nv = strata_engine_n_vocab(st->e);
+    for (int32_t k = 0; k < n_max; k++) {
+        out[k] = strata_sampler_argmax(st->logits, nv);
+        *n_out = k + 1;
+        if (k + 1 < n_max) {
+            st->logits_at = -1;
+            int rc = strata_engine_eval(st->e, out + k, 1, STRATA_LOGITS_LAST, st->logits, err);
+            if (rc)
+                return rc;
+            st->logits_at = strata_engine_n_past(st->e);
+        }
+    }
+    return 0;
+}
 
 static int model_propose(void *state, const int32_t *hist, int32_t n_hist, int32_t n_max,
                          int32_t *out, int32_t *n_out, struct strata_err *err)
@@ -26,12 +48,14 @@ static int model_propose(void *state, const int32_t *hist, int32_t n_hist, int32
     int32_t room = strata_engine_n_ctx(st->e) - n_hist + 1;
     if (n_max > room)
         n_max = room;
-    if (n_max <= 0)
+    if (n_max < 0 || room <= 0)
         return 0;
     for (int32_t i = 0; i < n_hist; i++)
         if (hist[i] < 0 || hist[i] >= nv)
             return 0; /* image positions: nothing the draft can read */
     int32_t common = strata_engine_common_prefix(st->e, hist, n_hist);
+    if (common == n_hist && strata_engine_n_past(st->e) == n_hist && st->logits_at == n_hist)
+        return draft_from(st, n_max, out, n_out, err); /* caught up already (n_max 0) */
     if (common == n_hist)
         common--; /* the last position must be evaluated for its logits */
     /* Catch up on the tokens the draft has not seen.  Drafting windows leave it one
@@ -42,20 +66,15 @@ static int model_propose(void *state, const int32_t *hist, int32_t n_hist, int32
      * that asks for logits (about a millisecond each, on the first use of the size)
      * and the catch-up after a plain run has a new size every time. */
     int32_t n_new = n_hist - common;
+    st->logits_at = -1;
     if ((rc = strata_engine_rollback(st->e, common, err)) ||
         (n_new > 2 && (rc = strata_engine_eval(st->e, hist + common, n_new - 1,
                                                STRATA_LOGITS_NONE, NULL, err))) ||
         (rc = strata_engine_eval(st->e, hist + n_hist - (n_new > 2 ? 1 : n_new),
                                  n_new > 2 ? 1 : n_new, STRATA_LOGITS_LAST, st->logits, err)))
         return rc;
-    for (int32_t k = 0; k < n_max; k++) {
-        out[k] = strata_sampler_argmax(st->logits, nv);
-        *n_out = k + 1;
-        if (k + 1 < n_max &&
-            (rc = strata_engine_eval(st->e, out + k, 1, STRATA_LOGITS_LAST, st->logits, err)))
-            return rc;
-    }
-    return 0;
+    st->logits_at = n_hist;
+    return draft_from(st, n_max, out, n_out, err);
 }
 
 static void model_free(void *state)
@@ -82,6 +101,7 @@ int strata_draft_model_init(struct strata_spec_draft *d, struct strata_engine *d
         return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
     }
     st->e = draft;
+    st->logits_at = -1;
     /* Warm-up: the draft's first forward calls carry one-time costs (a GPU backend
      * loads kernels, sets up its matrix library and captures a graph per batch size
      * that asks for logits, on the second use of the size); paid here, at open, they

@@ -13,18 +13,9 @@ struct strata_spec {
     struct strata_spec_draft draft;
     int have_draft;
     int n_max;     /* T */
-    int adaptive;
-    /* back-off: a cost model of the windows seen so far */
-    double t_win[STRATA_SPEC_MAX + 1]; /* mean ms (draft + verify) of windows of k drafts */
-    int n_win[STRATA_SPEC_MAX + 1];    /* how many were measured (capped) */
-    unsigned char seen[STRATA_SPEC_MAX + 1]; /* a window of k drafts ran (the first of
-                                                each size is a warm-up, not timed) */
-    double acc, rej;  /* decayed counts: drafts accepted, windows with a rejection */
-    int plain_run;    /* windows chosen without drafts in a row */
-    int draft_run;    /* windows chosen with drafts in a row */
-    int probe_every;  /* plain steps in a row before a probing window */
-    int probing;      /* the current window is a probe */
-    double win_ms;    /* the current window's time (draft + verify) */
+    struct strata_spec_backoff bo; /* the back-off's cost model */
+    double win_ms; /* the current window's time (draft + verify) */
+    double catchup_ms; /* the draft's catch-up before it (probes) */
     int32_t n_vocab;
     float *rows;   /* [(n_max + 1) * n_vocab] logits of the current window */
     int32_t *hist; /* [n_ctx + 1] scratch: history + the accepted token */
@@ -37,9 +28,17 @@ struct strata_spec {
 };
 
 /* Plain steps in a row before a window probes whether drafting pays again: from
- * SPEC_PROBE_MIN, doubled after each probe that did not pay, up to SPEC_PROBE_MAX. */
-#define SPEC_PROBE_MIN 32
-#define SPEC_PROBE_MAX 256
+ * SPEC_PROBE_MIN, doubled each time drafting stops without having paid for itself, up
+ * to SPEC_PROBE_MAX (far past a typical generation: the model lives as long as its
+ * speculative state, across a server's requests).  While every size open to
+ * exploration is hopeless (no acceptance could make it pay) the wait is
+ * SPEC_PROBE_MAX. */
+#define SPEC_PROBE_MIN 16
+#define SPEC_PROBE_MAX 4096
+/* The wait is also at least the draft's catch-ups since drafting last paid, in plain
+ * steps, over this: a draft model catches up on every token of a plain run when a
+ * probe comes, so its probes then cost about this share of the plain steps. */
+#define SPEC_PROBE_SHARE 0.01
 /* A probe whose draft proposed nothing (no n-gram match) learnt nothing: the next
  * probe comes this many plain steps later, the wait is not doubled. */
 #define SPEC_PROBE_RETRY 4
@@ -99,9 +98,8 @@ int strata_spec_create(struct strata_spec **out, struct strata_engine *target,
     if (!s)
         return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
     s->e = target;
-    s->probe_every = SPEC_PROBE_MIN;
     s->n_max = o->n_max;
-    s->adaptive = o->adaptive;
+    strata_spec_backoff_init(&s->bo, o->n_max, o->adaptive);
     s->n_vocab = strata_engine_n_vocab(target);
     s->rows = malloc((size_t)(o->n_max + 1) * (size_t)s->n_vocab * sizeof *s->rows);
     s->hist = malloc(((size_t)strata_engine_n_ctx(target) + 1) * sizeof *s->hist);
@@ -183,122 +181,116 @@ int32_t strata_spec_n_past(const struct strata_spec *s)
     return s->active ? s->base + s->cur + 1 : strata_engine_n_past(s->e);
 }
 
-static double est_ms(const struct strata_spec *s, int k);
-
-/* Back-off: learn from a window of k drafts of which a were accepted (a < 0:
- * the generation ended inside the window, nothing learnt about acceptance). */
-static void adapt(struct strata_spec *s, int k, int a)
-{
-    /* The first window of each size is not timed: it carries one-time costs that
-     * later windows do not (a GPU backend captures a graph per batch size, about a
-     * millisecond against a 0.15 ms step; first touches of scratch on the CPU), and
-     * one such sample kept the mean of its size several times too high for the next
-     * eight windows, so the back-off stopped drafting where windows pay.  A probe's
-     * draft time is not learnt either: a draft model catches up there on every token
-     * of the plain run before it, a cost of probing, not of a window. */
-    int first = !s->seen[k];
-    s->seen[k] = 1;
-    if (!first && !(s->probing && k > 0)) {
-        /* running means of the window time per size (the last ~8 windows weigh most) */
-        int n = s->n_win[k] < 8 ? ++s->n_win[k] : 8;
-        s->t_win[k] += (s->win_ms - s->t_win[k]) / n;
-    }
-    if (s->probing && a >= 0) {
-        if (k == 0) {
-            /* the draft proposed nothing: no evidence either way; probe again soon
-             * (an n-gram search is all it costs) */
-            if (s->probe_every > SPEC_PROBE_RETRY)
-                s->plain_run = s->probe_every - SPEC_PROBE_RETRY;
-        } else {
-            /* a probe that did not pay (an accepted draft, and more tokens per
-             * estimated millisecond than a plain step) doubles the wait before the
-             * next one: a draft model catches up on every token it missed, so frequent
-             * probes of a text that does not suit it cost more than they find */
-            int paid = a > 0 && s->n_win[0] && (a + 1) * s->t_win[0] >= est_ms(s, k);
-            s->probe_every = paid ? SPEC_PROBE_MIN
-                                  : 2 * s->probe_every > SPEC_PROBE_MAX ? SPEC_PROBE_MAX
-                                                                        : 2 * s->probe_every;
-        }
-        s->probing = 0;
-    }
-    if (k > 0 && a >= 0) {
-        /* acceptance per drafted token under a geometric model: a accepted,
-         * then one rejection unless all were accepted; decayed so the estimate
-         * follows the text */
-        s->acc = 0.9 * s->acc + a;
-        s->rej = 0.9 * s->rej + (a < k);
-    }
-}
-
-/* Estimated time of a window of k drafts: measured, else interpolated
- * linearly from the plain step and the nearest measured larger window
- * (optimistic, 0 slope, while nothing larger was measured). */
-static double est_ms(const struct strata_spec *s, int k)
-{
-    if (s->n_win[k])
-        return s->t_win[k];
-    double t0 = s->t_win[0];
-    for (int j = k + 1; j <= s->n_max; j++)
-        if (s->n_win[j])
-            return t0 + (s->t_win[j] - t0) * k / j;
-    for (int j = k - 1; j > 0; j--)
-        if (s->n_win[j])
-            return t0 + (s->t_win[j] - t0) * k / j;
-    return t0;
-}
-
 /* A window must promise this much more than a plain step before it is drafted:
- * the estimates are means of noisy timings and the acceptance a model of the
+ * the estimates are medians of noisy timings and the acceptance a model of the
  * text, so near the break-even a window loses as often as it wins; giving up the
  * last 10% of the gain keeps speculation from being slower than plain decoding. */
 #define SPEC_MARGIN 1.10
 
-/* Window sizes open to exploration before any window was measured. */
+/* Timed windows a size needs before its cost is trusted: until then it is explored
+ * (the first window of a size is not timed, so this is its third window). */
 #define SPEC_EXPLORE 2
+
+/* Timed plain steps before the first window: the plain step is the unit of every
+ * cost, and the first steps of a generation are often slower than the rest. */
+#define SPEC_PLAIN_FIRST 4
 
 /* Windows with drafts in a row before one plain step re-times the plain step. */
 #define SPEC_RETIME 64
 
-/* The number of drafts for the next window: the one with the most expected
- * tokens per millisecond, where a window of k drafts yields
- * (1 - alpha^(k+1)) / (1 - alpha) tokens at acceptance alpha, if it beats a
- * plain step by SPEC_MARGIN.  A plain step is measured first; below an
- * acceptance of 1/4 drafting is off whatever the timings say (a noisy timing of
- * the plain step would otherwise keep windows going that cost more than they
- * yield); after SPEC_RETIME windows with drafts in a row one plain step is taken
- * so the plain step's time stays current; after probe_every plain steps in a
- * row one window probes with the best k > 0 so the estimates can follow the
- * text. */
-static int choose(struct strata_spec *s)
+void strata_spec_backoff_init(struct strata_spec_backoff *b, int n_max, int adaptive)
 {
-    if (!s->adaptive)
-        return s->n_max;
-    if (!s->n_win[0])
-        return 0;
-    double alpha = (s->acc + 1) / (s->acc + s->rej + 2); /* prior: 1/2 */
-    int best = 0, best_pos = 1, cap = SPEC_EXPLORE;
-    double best_rate = SPEC_MARGIN / est_ms(s, 0), best_pos_rate = 0, e = 1, pw = 1;
-    /* Exploration grows from small windows: an untried size is estimated at the
-     * cost of a plain step (optimistic), so without a cap the first windows would
-     * be drafted at T, which loses where a draft token costs about as much as a
-     * target token (a draft model on the CPU).  Sizes up to SPEC_EXPLORE are open
-     * from the start; a larger one only once a measured smaller one's rate beats a
-     * plain step, or once it was measured itself. */
-    for (int k = 1; k <= s->n_max; k++) {
+    memset(b, 0, sizeof *b);
+    b->n_max = n_max < 0 ? 0 : n_max > STRATA_SPEC_MAX ? STRATA_SPEC_MAX : n_max;
+    b->adaptive = adaptive;
+    b->probe_every = SPEC_PROBE_MIN;
+}
+
+/* Estimated cost of a window of k drafts in plain steps: measured, else
+ * interpolated linearly between the plain step (1) and the nearest measured
+ * larger size, else extrapolated from the nearest measured smaller one (1 while
+ * nothing was measured: an optimistic guess that exploration, one size at a
+ * time, corrects). */
+static double est_cost(const struct strata_spec_backoff *b, int k)
+{
+    if (k == 0 || b->n_win[k])
+        return k == 0 ? 1 : b->cost[k];
+    for (int j = k + 1; j <= b->n_max; j++)
+        if (b->n_win[j])
+            return 1 + (b->cost[j] - 1) * k / j;
+    for (int j = k - 1; j > 0; j--)
+        if (b->n_win[j])
+            return 1 + (b->cost[j] - 1) * k / j;
+    return 1;
+}
+
+/* k drafts cannot pay even if all are accepted: k + 1 tokens from a window that
+ * costs k + 1 plain steps or more (with the margin). */
+static int hopeless(const struct strata_spec_backoff *b, int k)
+{
+    return SPEC_MARGIN * est_cost(b, k) >= k + 1;
+}
+
+/* The acceptance per drafted token, geometric model, prior 1/2. */
+static double alpha_of(const struct strata_spec_backoff *b)
+{
+    return (b->acc + 1) / (b->acc + b->rej + 2);
+}
+
+/* Expected tokens of a window of k drafts: 1 + alpha + ... + alpha^k. */
+static double yield_of(double alpha, int k)
+{
+    double e = 1, pw = 1;
+    for (int i = 1; i <= k; i++) {
         pw *= alpha;
         e += pw;
-        if (s->n_win[k] && k > cap)
-            cap = k;
-        if (s->n_win[k] && e / s->t_win[k] > 1 / s->t_win[0] && k + 1 > cap)
-            cap = k + 1;
     }
-    e = 1;
-    pw = 1;
-    for (int k = 1; k <= s->n_max && k <= cap; k++) {
-        pw *= alpha;
-        e += pw; /* 1 + alpha + ... + alpha^k */
-        double rate = e / est_ms(s, k);
-        if (rate > best_rate) {
+    return e;
+}
+
+/* Drafting stopped without having paid for itself (a probe that did not pay, or
+ * windows that stopped paying): the wait before the next probe doubles, and is at
+ * least the draft's catch-ups since then over SPEC_PROBE_SHARE: a draft model
+ * catches up on every token of the wait, so probing it costs about that share of
+ * the plain steps after the probe. */
+static void lengthen_wait(struct strata_spec_backoff *b)
+{
+    double w = 2.0 * b->probe_every;
+    if (b->catchup / SPEC_PROBE_SHARE > w)
+        w = b->catchup / SPEC_PROBE_SHARE;
+    b->probe_every = w > SPEC_PROBE_MAX ? SPEC_PROBE_MAX : (int)w;
+    b->catchup = b->probe_loss = 0;
+}
+
+int strata_spec_backoff_choose(struct strata_spec_backoff *b)
+{
+    if (!b->adaptive)
+        return b->n_max;
+    if (b->n_max == 0 || b->n_win[0] < SPEC_PLAIN_FIRST)
+        return 0; /* plain steps are measured first */
+    double alpha = alpha_of(b);
+    /* Sizes open to exploration: 1, and k + 1 once a measured k at least breaks even
+     * (sizes that ran stay open).  Not "pays": a batch's cost grows less with each
+     * position (a MoE's tokens share experts), so where 2 positions cost 1.8 plain
+     * steps, 5 cost about 3.3 and pay at an acceptance where 2 do not.  An untried
+     * size is estimated at a plain step's cost, so without this the first windows
+     * would be drafted at T, which loses where a draft token costs about as much as
+     * a target token (a draft model on the CPU). */
+    int grow = 1, cap;
+    for (int k = 1; k < b->n_max; k++)
+        if (b->n_win[k] >= SPEC_EXPLORE && yield_of(alpha, k) >= b->cost[k])
+            grow = k + 1;
+    cap = grow;
+    for (int k = grow + 1; k <= b->n_max; k++)
+        if (b->n_win[k])
+            cap = k;
+    int best = 0, best_pos = 0;
+    double best_rate = SPEC_MARGIN, best_pos_rate = 0; /* tokens per plain step */
+    for (int k = 1; k <= cap; k++) {
+        if (hopeless(b, k))
+            continue;
+        double rate = yield_of(alpha, k) / est_cost(b, k);
+        if (rate >= best_rate) {
             best_rate = rate;
             best = k;
         }
@@ -307,21 +299,102 @@ static int choose(struct strata_spec *s)
             best_pos = k;
         }
     }
+    /* the size that exploration reached is taken until its cost is trusted, hopeless
+     * or not (one noisy window must not close it for thousands of steps) */
+    if (b->n_win[grow] < SPEC_EXPLORE)
+        best = best_pos = grow;
     if (alpha < 0.25)
         best = 0;
-    if (best > 0 && ++s->draft_run > SPEC_RETIME) {
-        s->draft_run = 0;
+    if (best > 0 && ++b->draft_run > SPEC_RETIME) {
+        b->draft_run = 0;
         return 0; /* re-time the plain step (not counted as a plain run) */
     }
-    if (best == 0)
-        s->draft_run = 0;
-    if (best == 0 && ++s->plain_run >= s->probe_every) {
-        best = best_pos;
-        s->probing = 1;
+    if (best == 0) {
+        if (b->draft_run > 0 && b->probe_loss > 0)
+            lengthen_wait(b);
+        b->draft_run = 0;
+        if (best_pos == 0)
+            b->probe_every = SPEC_PROBE_MAX; /* nothing open can pay: timings, not text */
+        if (++b->plain_run >= b->probe_every) {
+            best = best_pos > 0 ? best_pos : 1;
+            b->probing = 1;
+        }
     }
     if (best > 0)
-        s->plain_run = 0;
+        b->plain_run = 0;
     return best;
+}
+
+void strata_spec_backoff_learn(struct strata_spec_backoff *b, int k, int a, double ms,
+                               double catchup_ms)
+{
+    if (k < 0 || k > b->n_max)
+        return;
+    /* The first window of each size is not timed: it carries one-time costs that
+     * later windows do not (a GPU backend captured a graph per batch size, about a
+     * millisecond against a 0.15 ms step; first touches of scratch on the CPU), and
+     * one such sample kept the mean of its size several times too high for the next
+     * eight windows, so the back-off stopped drafting where windows pay.  A window's
+     * cost is learnt in plain steps (its time over the plain step's median then), so
+     * a change of the machine's load moves both alike. */
+    int first = !b->seen[k];
+    b->seen[k] = 1;
+    if (!first && (k == 0 || b->n_win[0])) {
+        /* the lower median of the last 8 samples: a shared machine's preemptions make
+         * single windows many times slower, and one such sample in a mean closed a
+         * paying size for thousands of steps */
+        b->samp[k][b->n_win[k] % 8] = k == 0 ? ms : ms / b->t_plain;
+        b->n_win[k] = b->n_win[k] < 15 ? b->n_win[k] + 1 : 8; /* the ring's place kept */
+        int n = b->n_win[k] < 8 ? b->n_win[k] : 8;
+        double v[8];
+        memcpy(v, b->samp[k], (size_t)n * sizeof *v);
+        for (int i = 1; i < n; i++)
+            for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+                double t = v[j];
+                v[j] = v[j - 1];
+                v[j - 1] = t;
+            }
+        if (k == 0)
+            b->t_plain = v[(n - 1) / 2];
+        else
+            b->cost[k] = v[(n - 1) / 2];
+    }
+    if (k > 0 && a >= 0 && b->t_plain > 0) {
+        /* what drafting has lost since it last paid for itself, in plain steps: the
+         * windows and the draft's catch-ups, less the tokens they gave; once windows
+         * have won it back, probing starts over from the shortest wait */
+        b->catchup += catchup_ms / b->t_plain;
+        b->probe_loss += (ms + catchup_ms) / b->t_plain - (a + 1);
+        if (b->probe_loss < 0) {
+            b->catchup = b->probe_loss = 0;
+            b->probe_every = SPEC_PROBE_MIN;
+        }
+    }
+    if (b->probing && a >= 0) {
+        if (k == 0) {
+            /* the draft proposed nothing: no evidence either way; probe again soon
+             * (an n-gram search is all it costs) */
+            if (b->probe_every > SPEC_PROBE_RETRY)
+                b->plain_run = b->probe_every - SPEC_PROBE_RETRY;
+        } else if (a > 0 && a + 1 >= est_cost(b, k)) {
+            /* it paid (its tokens at its size's usual cost at least match plain
+             * steps): the text has changed since drafting stopped, so the rejections
+             * that stopped it are forgotten, and the next window probes again at once,
+             * until one does not pay or the acceptance makes windows worth drafting */
+            b->plain_run = b->probe_every;
+            b->rej = 0;
+        } else {
+            lengthen_wait(b); /* it did not */
+        }
+    }
+    b->probing = 0;
+    if (k > 0 && a >= 0) {
+        /* acceptance per drafted token under a geometric model: a accepted,
+         * then one rejection unless all were accepted; decayed so the estimate
+         * follows the text */
+        b->acc = 0.9 * b->acc + a;
+        b->rej = 0.9 * b->rej + (a < k);
+    }
 }
 
 /* Close the current window: learn from it, drop its rejected positions.
@@ -331,7 +404,9 @@ static int close_window(struct strata_spec *s, int decided, struct strata_err *e
     if (!s->active)
         return 0;
     s->active = 0;
-    adapt(s, s->win_n - 1, decided || s->cur + 1 == s->win_n ? s->cur : -1);
+    strata_spec_backoff_learn(&s->bo, s->win_n - 1,
+                              decided || s->cur + 1 == s->win_n ? s->cur : -1, s->win_ms,
+                              s->catchup_ms);
     int32_t keep = s->base + s->cur + 1;
     if (strata_engine_n_past(s->e) > keep)
         return strata_engine_rollback(s->e, keep, err);
@@ -354,7 +429,7 @@ int strata_spec_next(struct strata_spec *s, int32_t id, const float **logits,
 
     const int32_t n_past = strata_engine_n_past(s->e);
     int32_t room = strata_engine_n_ctx(s->e) - n_past - 1;
-    int32_t k_max = s->have_draft ? choose(s) : 0;
+    int32_t k_max = s->have_draft ? strata_spec_backoff_choose(&s->bo) : 0;
     if (k_max > room)
         k_max = room;
     if (k_max > strata_engine_n_prefill(s->e) - 1)
@@ -362,13 +437,23 @@ int strata_spec_next(struct strata_spec *s, int32_t id, const float **logits,
     int32_t k = 0;
     double t_draft = 0;
     s->win[0] = id;
+    s->catchup_ms = 0;
     if (s->have_draft && k_max > 0) {
         double t0 = now_ms();
         memcpy(s->hist, strata_engine_history(s->e), (size_t)n_past * sizeof *s->hist);
         s->hist[n_past] = id;
-        rc = s->draft.propose(s->draft.state, s->hist, n_past + 1, k_max, s->win + 1, &k, err);
-        t_draft = now_ms() - t0;
-        s->st.t_draft_ms += t_draft;
+        /* a probe follows a run of plain steps, during which the draft did not run:
+         * its catch-up is timed apart (the probe's cost, not the window's) */
+        if (s->bo.probing)
+            rc = s->draft.propose(s->draft.state, s->hist, n_past + 1, 0, s->win + 1, &k, err);
+        double t1 = now_ms();
+        s->catchup_ms = t1 - t0;
+        k = 0;
+        if (!rc)
+            rc = s->draft.propose(s->draft.state, s->hist, n_past + 1, k_max, s->win + 1, &k,
+                                  err);
+        t_draft = now_ms() - t1;
+        s->st.t_draft_ms += t_draft + s->catchup_ms;
         if (rc)
             return rc;
         if (k < 0 || k > k_max)

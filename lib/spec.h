@@ -38,18 +38,33 @@
  *   mtp    the target's own multi-token-prediction (nextn) layers: reported
  *          as unavailable (STRATA_E_UNSUPPORTED, naming why).
  *
- * Back-off (adaptive, the default): each window drafts the k in 0..T that
- * maximises the expected tokens per millisecond, from the measured time of
- * recent windows per k (the first window of each size, which carries one-time
- * costs such as a GPU graph capture, and probes are not timed) and the
- * acceptance rate so far (geometric model); below an acceptance of 1/4 it
- * does not draft, after 64 drafting windows in a row one plain step re-times
- * the plain step, and after 32 plain steps it probes once
- * (64, 128, up to 256 after probes that did not pay; 4 steps later when the
- * draft proposed nothing).  The draft does not run during plain steps (a draft
- * model catches up as one batch when a probe is due).  So speculation falls
- * back to plain decoding where windows do not pay (docs/speculative.md).  A
- * draft that finds nothing (n-gram without a match) costs only its search.
+ * Back-off (adaptive, the default; docs/speculative.md).  A cost model per
+ * window size k (drafts): c_k, the cost of a window of k drafts in plain steps
+ * (the draft's own time included; the median of the last 8 windows of that
+ * size, each over the plain step's median time then), and alpha, the
+ * acceptance per drafted token (geometric model, decayed, prior 1/2).  A
+ * window of k drafts yields at most k + 1 tokens, on average
+ * E_k = 1 + alpha + ... + alpha^k.  With M = 1.10 (the margin):
+ *   - a window pays when E_k / c_k >= M; each window takes the paying k with
+ *     the most tokens per plain step, else none (plain decoding), and none
+ *     below an acceptance of 1/4;
+ *   - k is hopeless when M * c_k >= k + 1: it cannot pay even if every draft
+ *     is accepted, so it is never taken, and while every size open to
+ *     exploration is hopeless there is no probe for 4096 plain steps;
+ *   - exploration starts with k = 1 alone; k + 1 opens once a measured k
+ *     breaks even (E_k >= c_k); the newest open size is taken until it has 2
+ *     timed windows, hopeless or not; the first window of each size is not
+ *     timed (one-time costs), and 4 plain steps are timed before any window;
+ *   - after w plain steps in a row one window probes with the best open size
+ *     that is not hopeless: w = 16, doubled each time drafting stops without
+ *     having paid for itself, up to 4096, and at least 100 times the draft's
+ *     catch-ups (in plain steps) since drafting last paid; a probe that pays is
+ *     followed by another at once; 4 steps when the draft proposed nothing (an
+ *     n-gram search without a match is all such a probe costs);
+ *   - after 64 drafting windows in a row one plain step re-times the plain
+ *     step.
+ * The draft does not run during plain steps: before a probe a draft model
+ * catches up on them (propose with n_max 0), timed apart as the probe's cost.
  * The choice depends on timings; the output never does.
  */
 #ifndef STRATA_SPEC_H
@@ -108,8 +123,10 @@ struct strata_spec_stats {
 /* A draft proposes up to n_max tokens that follow hist[0..n_hist) (the
  * target's token history including the last accepted token; -1 marks an
  * image position).  It writes them to out and their count to *n_out (0 is
- * fine: nothing to propose).  Errors are the draft's (engine errors of a
- * draft model). */
+ * fine: nothing to propose).  n_max 0 asks for nothing: a draft with state
+ * (a draft model's kv cache) brings it up to hist then, so the catch-up after
+ * a run of plain steps is timed apart from the window that follows.  Errors
+ * are the draft's (engine errors of a draft model). */
 struct strata_spec_draft {
     const char *name;
     void *state;
@@ -196,6 +213,48 @@ int strata_spec_end(struct strata_spec *s, struct strata_err *err);
 /* Counters (for --stats, --json and server metrics); st is filled. */
 void strata_spec_stats_get(const struct strata_spec *s, struct strata_spec_stats *st);
 void strata_spec_stats_reset(struct strata_spec *s);
+
+/* ---- the back-off's cost model ----
+ *
+ * strata_spec_next drives one of these per speculative state; it is public so
+ * its rule (above) can be tested with synthetic timings.  The fields are the
+ * model's own: set them through these functions only. */
+struct strata_spec_backoff {
+    int n_max;    /* T */
+    int adaptive; /* 0: every window drafts up to T */
+    double t_plain;                   /* ms of a plain step (median of recent ones) */
+    double cost[STRATA_SPEC_MAX + 1]; /* a window of k >= 1 drafts, in plain steps
+                                         (median of recent windows) */
+    double samp[STRATA_SPEC_MAX + 1][8]; /* the last 8 samples of each (a ring) */
+    int n_win[STRATA_SPEC_MAX + 1];   /* timed windows of k drafts (n_win[0]: plain
+                                         steps); 8..15 once the ring is full */
+    unsigned char seen[STRATA_SPEC_MAX + 1]; /* a window of k drafts ran */
+    double acc, rej;  /* decayed counts: drafts accepted, windows with a rejection */
+    int plain_run;    /* windows chosen without drafts in a row */
+    int draft_run;    /* windows chosen with drafts in a row */
+    int probe_every;  /* plain steps in a row before a probe (w) */
+    double probe_loss; /* plain steps drafting lost since it last paid for itself */
+    double catchup;    /* plain steps of the draft's catch-ups in that time */
+    int probing;      /* the window being chosen/learnt is a probe */
+};
+
+/* Start a model for T = n_max (0..STRATA_SPEC_MAX) drafts; adaptive 0 makes
+ * every choice n_max. */
+void strata_spec_backoff_init(struct strata_spec_backoff *b, int n_max, int adaptive);
+
+/* The most drafts (0..n_max) the next window should hold.  Call it once per
+ * window and report the window's outcome with strata_spec_backoff_learn before
+ * the next call: it advances the model's run and probe counters. */
+int strata_spec_backoff_choose(struct strata_spec_backoff *b);
+
+/* The window that followed the last choice held k drafts (0..n_max; fewer than
+ * chosen when the draft proposed fewer), a of them were accepted (0..k; -1: the
+ * generation ended inside the window, nothing learnt about acceptance), and it
+ * took ms milliseconds, draft and verify together; catchup_ms is what the draft
+ * spent before it catching up on the plain run (a probe's: not a window's cost,
+ * but the probe's). */
+void strata_spec_backoff_learn(struct strata_spec_backoff *b, int k, int a, double ms,
+                               double catchup_ms);
 
 /* ---- the general rejection-sampling step ----
  *

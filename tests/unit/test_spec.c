@@ -1,8 +1,9 @@
 /* test_spec.c - speculative decoding: window logits == one-token logits
  * (bitwise) for every fixture model and block type, greedy and sampled
  * output identical to plain decoding, the n-gram draft, back-off, stop
- * handling, the draft model and mtp errors, and the rejection-sampling step
- * against a known distribution (chi-square). */
+ * handling, the draft model and mtp errors, the rejection-sampling step
+ * against a known distribution (chi-square), and the back-off's rule with
+ * synthetic timings. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -498,10 +499,168 @@ static void rejection(void)
     }
 }
 
+/* ---- the back-off's rule with synthetic timings (no engine) ----
+ *
+ * A simulated generation: every window asks strata_spec_backoff_choose for its
+ * size k, the draft proposes k tokens (none with probability p_none, as an n-gram
+ * search without a match), each accepted with probability alpha until the first
+ * rejection, and the window costs cost(k) plain steps (plus a one-off factor on the
+ * first window of each size, and a spike factor on a share of the windows, as a
+ * shared machine's preemptions).  A probe's draft catches up on the plain steps
+ * since it last ran at catchup plain steps per token.  Time is in plain steps. */
+struct bo_sim {
+    int T;
+    double alpha, p_none;
+    double c1, slope, power; /* cost(k) = c1 + slope * (k^power - 1) for k >= 1 */
+    double first;            /* the first window of each size costs this many times more */
+    double spike_p, spike;   /* a share of all windows (plain too) cost spike times more */
+    double catchup;          /* plain steps per token the draft catches up on */
+    int n_tokens;
+    /* results */
+    int n_windows, n_drafting, n_tokens_out, n_hopeless_chosen;
+    double time;
+};
+
+static double bo_cost(const struct bo_sim *m, int k)
+{
+    return k == 0 ? 1 : m->c1 + m->slope * (pow(k, m->power) - 1);
+}
+
+static void bo_run(struct bo_sim *m, uint64_t seed)
+{
+    struct strata_spec_backoff b;
+    strata_spec_backoff_init(&b, m->T, 1);
+    unsigned char seen[STRATA_SPEC_MAX + 1] = { 0 };
+    int behind = 0; /* tokens the draft has not seen */
+    m->n_windows = m->n_drafting = m->n_tokens_out = m->n_hopeless_chosen = 0;
+    m->time = 0;
+    while (m->n_tokens_out < m->n_tokens) {
+        int probing_before = b.probing;
+        int k = strata_spec_backoff_choose(&b);
+        int probe = b.probing && !probing_before;
+        if (k > 0 && unif(&seed) < m->p_none)
+            k = 0;
+        if (k > 0 && 1.10 * bo_cost(m, k) >= k + 1)
+            m->n_hopeless_chosen++;
+        double ms = bo_cost(m, k) * (seen[k] ? 1 : m->first);
+        seen[k] = 1;
+        if (unif(&seed) < m->spike_p)
+            ms *= m->spike;
+        double cu = 0;
+        if (k > 0 && probe)
+            cu = behind * m->catchup;
+        int a = 0;
+        while (a < k && unif(&seed) < m->alpha)
+            a++;
+        behind = k > 0 ? 0 : behind + 1;
+        strata_spec_backoff_learn(&b, k, a, ms, cu);
+        m->time += ms + cu;
+        m->n_windows++;
+        m->n_drafting += k > 0;
+        m->n_tokens_out += a + 1;
+    }
+}
+
+/* speed against plain decoding (1 plain step per token, spikes alike) */
+static double bo_speed(const struct bo_sim *m)
+{
+    return m->n_tokens_out / m->time * (1 + m->spike_p * (m->spike - 1));
+}
+
+static void backoff(void)
+{
+    /* windows that cost k + 1 plain steps or more cannot pay even when every draft is
+     * accepted: after exploring (three windows of 1 draft) none is drafted */
+    for (int T = 1; T <= 8; T *= 2) {
+        struct bo_sim m = { .T = T, .alpha = 1, .c1 = 2.05, .slope = 1.05, .power = 1,
+                            .first = 1, .n_tokens = 1000 };
+        bo_run(&m, 1);
+        ok(m.n_drafting <= 3 && bo_speed(&m) >= 0.99,
+           "back-off, T %d, windows slower than k + 1 plain steps, all drafts accepted: "
+           "%d of %d windows drafted (<= 3), speed %.3f (>= 0.99)", T, m.n_drafting,
+           m.n_windows, bo_speed(&m));
+    }
+    /* a draft model on a slow CPU: a window of 1 draft costs 1.95 plain steps with the
+     * draft's step, half the drafts accepted, the catch-up 0.12 plain steps a token:
+     * hopeless after exploring, so no probe either, even over 128 tokens */
+    for (int n = 128; n <= 4000; n *= 31) {
+        struct bo_sim m = { .T = 4, .alpha = 0.5, .c1 = 1.95, .slope = 0.9, .power = 1,
+                            .first = 1.5, .catchup = 0.12, .n_tokens = n };
+        bo_run(&m, 2);
+        ok(m.n_drafting <= 3 && bo_speed(&m) >= (n < 1000 ? 0.98 : 0.995),
+           "back-off, draft-model costs on a slow CPU, %d tokens: %d drafting windows (<= 3), "
+           "speed %.3f", n, m.n_drafting, bo_speed(&m));
+    }
+    /* acceptance 0 with cheap windows: explores, then probes ever more rarely */
+    {
+        struct bo_sim m = { .T = 4, .alpha = 0, .c1 = 1.05, .slope = 0.05, .power = 1,
+                            .first = 1, .n_tokens = 1000 };
+        bo_run(&m, 3);
+        ok(m.n_drafting * 100 <= 2 * m.n_windows,
+           "back-off, acceptance 0, cheap windows: %d of %d windows drafted (<= 2%%)",
+           m.n_drafting, m.n_windows);
+    }
+    /* an n-gram that seldom matches, and is wrong when it does */
+    {
+        struct bo_sim m = { .T = 8, .alpha = 0, .p_none = 0.8, .c1 = 1.6, .slope = 0.6,
+                            .power = 0.75, .first = 1, .n_tokens = 1000 };
+        bo_run(&m, 4);
+        ok(m.n_drafting * 100 <= 2 * m.n_windows && bo_speed(&m) >= 0.98,
+           "back-off, rare wrong n-gram matches: %d of %d windows drafted (<= 2%%), "
+           "speed %.3f", m.n_drafting, m.n_windows, bo_speed(&m));
+    }
+    /* a draft that does not pay but is not hopeless either (1 draft 1.6 plain steps,
+     * acceptance 1/2): without a catch-up probing costs about 1%; with one that grows
+     * with the wait (a draft model's, 0.12 plain steps a token) the waits grow
+     * faster, so a long run sees only a few probes (probing every 256 steps cost 12%) */
+    for (int cu = 0; cu <= 1; cu++) {
+        struct bo_sim m = { .T = 4, .alpha = 0.5, .c1 = 1.6, .slope = 0.6, .power = 1,
+                            .first = 1, .catchup = 0.12 * cu, .n_tokens = 4000 };
+        bo_run(&m, 5);
+        ok(bo_speed(&m) >= (cu ? 0.97 : 0.985), "back-off, a draft that does not pay, "
+           "catch-up %.2f a token: speed %.3f (>= %.3f), %d of %d windows drafted",
+           m.catchup, bo_speed(&m), cu ? 0.97 : 0.985, m.n_drafting, m.n_windows);
+    }
+    /* cheap windows (a GPU) and high acceptance: it drafts almost always, near T */
+    for (int T = 2; T <= 8; T *= 2) {
+        struct bo_sim m = { .T = T, .alpha = 0.9, .c1 = 1.05, .slope = 0.05, .power = 1,
+                            .first = 5, .spike_p = 0.05, .spike = 10, .n_tokens = 2000 };
+        bo_run(&m, 6);
+        double want = 0.8 * (1 - pow(0.9, T + 1)) / 0.1 / (1.05 + 0.05 * (T - 1));
+        ok(m.n_drafting * 10 >= 9 * m.n_windows && bo_speed(&m) >= want,
+           "back-off, T %d, cheap windows (one-off first windows 5x, 5%% spikes 10x), "
+           "acceptance 0.9: %d of %d windows drafted (>= 90%%), speed %.2f (>= %.2f)", T,
+           m.n_drafting, m.n_windows, bo_speed(&m), want);
+    }
+    /* a MoE on the CPU (2 positions 1.8 plain steps, each one after costs less) and
+     * code editing's acceptance: the larger windows that pay are found */
+    {
+        struct bo_sim m = { .T = 8, .alpha = 0.9, .c1 = 1.8, .slope = 0.8, .power = 0.75,
+                            .first = 1, .spike_p = 0.02, .spike = 5, .n_tokens = 2000 };
+        bo_run(&m, 7);
+        ok(bo_speed(&m) >= 1.10 && m.n_hopeless_chosen == 0,
+           "back-off, MoE costs on a CPU, acceptance 0.9: speed %.3f (>= 1.10; k = 1 alone "
+           "would give %.3f), %d of %d windows drafted", bo_speed(&m), 1.9 / 1.8,
+           m.n_drafting, m.n_windows);
+    }
+    /* fixed windows: always T */
+    {
+        struct strata_spec_backoff b;
+        strata_spec_backoff_init(&b, 5, 0);
+        int all = 1;
+        for (int i = 0; i < 100; i++) {
+            all &= strata_spec_backoff_choose(&b) == 5;
+            strata_spec_backoff_learn(&b, 5, 0, 100, 0);
+        }
+        ok(all, "back-off off (adaptive 0): every window holds T drafts");
+    }
+}
+
 int main(void)
 {
     ngram();
     rejection();
+    backoff();
     static const char *const models[] = {
         "tinycoder-moe-F16.gguf",    "tinycoder-moe-Q8_0.gguf",   "tinycoder-moe-Q4_K_M.gguf",
         "tinycoder-moe-IQ4_XS.gguf", "tinycoder-moe-IQ2_XS.gguf", "tinycoder-moe-IQ1_M.gguf",
