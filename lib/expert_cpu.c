@@ -299,27 +299,46 @@ static void seg_rows(const struct mm_seg *j, int64_t r0, int64_t r1)
     }
 }
 
+/* Guided self-scheduling of rows [0, rows) among nth threads: a thread takes about
+ * 1 / (2 nth) of the rows left, a multiple of 16 between 16 and max: long runs of rows
+ * (read faster from memory) while plenty is left, short ones at the end, so the
+ * threads finish together; a thread that starts late or runs slow holds up no more
+ * than its last short chunk.  Returns the first row (*r1: the end), -1 when none is
+ * left. */
+static int64_t grab_rows(atomic_llong *next, int64_t rows, int nth, int64_t max, int64_t *r1)
+{
+    int64_t r0 = atomic_load_explicit(next, memory_order_relaxed);
+    for (;;) {
+        if (r0 >= rows)
+            return -1;
+        int64_t c = (rows - r0) / (2 * (int64_t)nth) / 16 * 16;
+        c = c < 16 ? 16 : c > max ? max : c;
+        if (atomic_compare_exchange_weak_explicit(next, &r0, r0 + c, memory_order_relaxed,
+                                                  memory_order_relaxed)) {
+            *r1 = r0 + c < rows ? r0 + c : rows;
+            return r0;
+        }
+    }
+}
+
 /* A pool job over the rows of several segments at once (every down projection of a
- * layer's CPU experts in one run): threads take chunks of rows from a shared counter
- * until none are left, so a thread that starts late or runs slow holds up no more
- * than its last chunk. */
+ * layer's CPU experts in one run), rows handed out by grab_rows. */
 struct mm_job {
     const struct mm_seg *seg;
     int n_seg;
-    int64_t rows, chunk;
+    int64_t rows;
     atomic_llong next;
 };
+
+/* at most 64 rows a chunk: 40 KiB of 768 Q6_K weights, 72 KiB of 2,048 Q4_K ones */
+#define MAX_ROWS 64
 
 static void mm_worker(void *ctx, int ith, int nth)
 {
     struct mm_job *j = ctx;
+    int64_t r0, r1;
     (void)ith;
-    (void)nth;
-    for (;;) {
-        const int64_t r0 = atomic_fetch_add_explicit(&j->next, j->chunk, memory_order_relaxed);
-        if (r0 >= j->rows)
-            break;
-        const int64_t r1 = r0 + j->chunk < j->rows ? r0 + j->chunk : j->rows;
+    while ((r0 = grab_rows(&j->next, j->rows, nth, MAX_ROWS, &r1)) >= 0) {
         int64_t base = 0;
         for (int i = 0; i < j->n_seg && base < r1; i++) {
             const int64_t ne1 = j->seg[i].w->ne1;
@@ -331,21 +350,11 @@ static void mm_worker(void *ctx, int ith, int nth)
     }
 }
 
-/* Rows per chunk: about four chunks per thread, 16 to 64 rows (a chunk of 16 rows of
- * 2,048 Q4_K weights is 18 KiB: its hand-over, one atomic add, is noise). */
-static int64_t chunk_rows(int64_t rows, struct strata_pool *pool)
-{
-    int64_t c = rows / (4 * (int64_t)strata_pool_n_threads(pool));
-    c = (c + 15) / 16 * 16;
-    return c < 16 ? 16 : c > 64 ? 64 : c;
-}
-
 static void run_rows(struct strata_pool *pool, const struct mm_seg *seg, int n_seg)
 {
-    struct mm_job j = {seg, n_seg, 0, 0, 0};
+    struct mm_job j = {seg, n_seg, 0, 0};
     for (int i = 0; i < n_seg; i++)
         j.rows += seg[i].w->ne1;
-    j.chunk = chunk_rows(j.rows, pool);
     atomic_init(&j.next, 0);
     strata_pool_run(pool, mm_worker, &j);
 }
@@ -457,15 +466,15 @@ size_t strata_xcpu_ffn_work_bytes(int64_t n_embd, int64_t n_ff, int n_tok)
 #define ALIGN64(x) (((x) + 63) & ~(size_t)63)
 
 /* One expert of a batch in the gate/up run: its gate and up segments write g and u
- * [n_tok, n_ff]; each unit of rows of n_ff then applies SwiGLU to its rows
+ * [n_tok, n_ff]; each chunk of rows of n_ff then applies SwiGLU to its rows
  * (h = silu(g) * u, in place of g) and prepares them for the down projection: f16
- * rounding, or, for the 8-bit path, the q8 block of 32 rows, quantised by whichever
- * unit finishes the block's second half (done[] counts its rows).  So the SwiGLU and
+ * rounding, or, for the 8-bit path, the q8 blocks of 32 rows, each quantised by
+ * whichever chunk completes it (done[] counts its rows).  So the SwiGLU and
  * the down projection's input quantisation run on every thread, not between the two
  * pool runs on one. */
 struct gu_expert {
     struct mm_seg gate, up;
-    int64_t n_ff, unit0; /* units of this expert: unit0 .. unit0 + ceil(n_ff / unit) */
+    int64_t n_ff, row0;  /* its rows in the run's: row0 .. row0 + n_ff */
     int down_mode, down_g, simd;
     float *u;
     int8_t *hq;          /* Q8 down: [n_tok, n_ff] */
@@ -477,7 +486,7 @@ struct gu_expert {
 struct gu_job {
     struct gu_expert *ex;
     int n_ex;
-    int64_t units, unit; /* unit: rows of n_ff per unit of work, a multiple of 16 */
+    int64_t rows; /* rows of n_ff of all experts */
     atomic_llong next;
 };
 
@@ -512,22 +521,27 @@ static void gu_unit(struct gu_expert *e, int64_t r0, int64_t r1)
     }
 }
 
+/* Rows of n_ff of every expert at most 64 a chunk (gate and up: 128 weight rows, 144
+ * KiB of 2,048 Q4_K weights): longer runs of rows read memory faster (a 1-token
+ * expert on the dev machine's 2 threads, from memory: 22 GB/s in chunks of 16, 25 in
+ * chunks of 32). */
 static void gu_worker(void *ctx, int ith, int nth)
 {
     struct gu_job *j = ctx;
-    (void)ith;
-    (void)nth;
+    int64_t r0, r1;
     int i = 0;
-    for (;;) {
-        const int64_t u = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
-        if (u >= j->units)
-            break;
-        /* units come in increasing order: the expert only moves forward */
-        while (i + 1 < j->n_ex && j->ex[i + 1].unit0 <= u)
+    (void)ith;
+    while ((r0 = grab_rows(&j->next, j->rows, nth, MAX_ROWS, &r1)) >= 0) {
+        /* a thread's chunks come in increasing order: the expert only moves forward */
+        while (i + 1 < j->n_ex && j->ex[i + 1].row0 <= r0)
             i++;
-        struct gu_expert *e = &j->ex[i];
-        const int64_t r0 = (u - e->unit0) * j->unit;
-        gu_unit(e, r0, r0 + j->unit < e->n_ff ? r0 + j->unit : e->n_ff);
+        for (int k = i; k < j->n_ex && j->ex[k].row0 < r1; k++) {
+            struct gu_expert *e = &j->ex[k];
+            const int64_t lo = r0 > e->row0 ? r0 - e->row0 : 0;
+            const int64_t hi = r1 < e->row0 + e->n_ff ? r1 - e->row0 : e->n_ff;
+            if (lo < hi)
+                gu_unit(e, lo, hi);
+        }
     }
 }
 
@@ -594,16 +608,7 @@ int strata_xcpu_ffn_batch(struct strata_pool *pool, const struct strata_xcpu_exp
         gu_bytes += 4 * (size_t)(ex[i].n_tok > 0 ? ex[i].n_tok : 0) * (size_t)ex[i].gate.ne1;
     float *gbuf = work, *ubuf = (float *)((char *)work + ALIGN64(gu_bytes));
     char *scr = (char *)work + 2 * ALIGN64(gu_bytes);
-    /* Units of 64, 32 or 16 rows of n_ff (gate and up: twice as many weight rows),
-     * the largest that still gives each thread three: longer runs of rows read
-     * memory faster (a 1-token expert of 2 threads on the dev machine, from memory:
-     * 22 GB/s in units of 16, 25 in units of 32), more units keep all threads busy. */
-    int64_t rows_ff = 0;
-    for (int i = 0; i < n_ex; i++)
-        rows_ff += ex[i].n_tok > 0 ? ex[i].gate.ne1 : 0;
-    struct gu_job j = {ge, 0, 0, 64, 0};
-    while (j.unit > 16 && rows_ff / j.unit < 3 * strata_pool_n_threads(pool))
-        j.unit /= 2;
+    struct gu_job j = {ge, 0, 0, 0};
     size_t off = 0;
     int64_t go = 0, bo = 0;
     for (int i = 0; i < n_ex; i++) {
@@ -634,15 +639,15 @@ int strata_xcpu_ffn_batch(struct strata_pool *pool, const struct strata_xcpu_exp
             off += ALIGN64(seg_prepare(&e->up, mode, simd, u, ex[i].x, nt, ubuf + go, scr + off));
         }
         e->n_ff = g->ne1;
-        e->unit0 = j.units;
-        j.units += (g->ne1 + j.unit - 1) / j.unit;
+        e->row0 = j.rows;
+        j.rows += g->ne1;
         e->down_mode = strata_xcpu_mode_for(d, matvec, q);
         e->down_g = bs_group(d->type);
         e->simd = simd;
         e->u = ubuf + go;
         e->done = done + bo;
         bo += g->ne1 / QB;
-        /* the down projection reads h (in g's place) as prepared by the units */
+        /* the down projection reads h (in g's place) as the gate/up run prepares it */
         struct mm_seg *ds = &dseg[j.n_ex - 1];
         memset(ds, 0, sizeof *ds);
         ds->mode = e->down_mode;
