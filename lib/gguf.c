@@ -1004,6 +1004,23 @@ static int new_handle(struct strata_gguf **out, struct strata_err *err)
     return 0;
 }
 
+size_t strata_gguf_drop_pages(const struct strata_gguf *g, const void *p, size_t n)
+{
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    const uintptr_t a = (uintptr_t)p, b = a + n;
+    for (uint32_t i = 0; g && p && pg && i < g->n_shards; i++) {
+        const struct gfile *f = &g->shards[i];
+        const uintptr_t lo = (uintptr_t)f->map, hi = lo + (uintptr_t)f->size;
+        if (!f->map || a < lo || b > hi || b < a)
+            continue;
+        const uintptr_t x = (a + pg - 1) / pg * pg, y = b / pg * pg;
+        if (y <= x || madvise((void *)x, y - x, MADV_DONTNEED) != 0)
+            return 0;
+        return y - x;
+    }
+    return 0;
+}
+
 int strata_gguf_open(struct strata_gguf **out, const char *path, struct strata_err *err)
 {
     return strata_gguf_open_files(out, path, NULL, 0, err);

@@ -130,6 +130,15 @@ uint64_t strata_gguf_shard_data_offset(const struct strata_gguf *g, uint32_t i);
 /* The mapped bytes of shard i (size strata_gguf_shard_size). */
 const void *strata_gguf_shard_base(const struct strata_gguf *g, uint32_t i);
 
+/* Drop this process's pages of [p, p + n) when the range lies inside a shard that is
+ * mapped from its file (not an in-memory image): the whole pages inside the range
+ * leave the resident set (madvise MADV_DONTNEED on the read-only private mapping);
+ * a later read faults them in again from the page cache or the file, with the same
+ * bytes.  For callers that copied tensors elsewhere (a GPU's VRAM) and will not read
+ * them on the host again soon.  Returns the bytes dropped (0: not file-mapped, too
+ * small, or the call failed; nothing changes then). */
+size_t strata_gguf_drop_pages(const struct strata_gguf *g, const void *p, size_t n);
+
 /* Metadata, in file order. */
 uint64_t strata_gguf_n_kv(const struct strata_gguf *g);
 const struct strata_gguf_kv *strata_gguf_kv_at(const struct strata_gguf *g, uint64_t i);

@@ -2,8 +2,10 @@
  * intended magnitude (rms ~ amp, mean ~ 0 in every block type), and a forward pass keeps
  * its activations bounded (the GPU's f16 activations overflow at 65504). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "ggml_types.h"
@@ -152,8 +154,80 @@ static void check_forward(void)
     free(buf);
 }
 
+/* RssFile of /proc/self/status in kB, -1 when absent */
+static long rss_file_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "RssFile:", 8))
+            v = atol(line + 8);
+    if (f)
+        fclose(f);
+    return v;
+}
+
+/* strata_gguf_drop_pages: the pages of a file-mapped tensor leave the resident set and
+ * read back the same; an in-memory image is never touched. */
+static void check_drop_pages(void)
+{
+    struct strata_err err = {0, ""};
+    struct strata_synth_opts o = {"qwen3-moe-tiny", 2, "Q8_0", 11};
+    char path[] = "/tmp/strata-test-drop-XXXXXX";
+    int fd = mkstemp(path);
+    struct strata_gguf *g = NULL, *gm = NULL;
+    struct strata_model *m = NULL, *mm = NULL;
+    void *buf = NULL;
+    size_t size = 0;
+    if (fd >= 0)
+        close(fd);
+    int rc = fd < 0 ? STRATA_E_IO : strata_synth_write(&o, path, &err);
+    if (!rc)
+        rc = strata_gguf_open(&g, path, &err);
+    if (!rc)
+        rc = strata_model_load(&m, g, &err);
+    if (!rc)
+        rc = strata_synth_build(&o, &buf, &size, &err);
+    if (!rc)
+        rc = strata_gguf_open_mem(&gm, buf, size, "mem", &err);
+    if (!rc)
+        rc = strata_model_load(&mm, gm, &err);
+    ok(rc == 0, "drop_pages: model written, mapped and built%s%s", rc ? ": " : "", err.msg);
+    if (!rc) {
+        const struct strata_weight *w = &m->layers[0].ffn_gate_exps;
+        size_t n = w->nb2 * (size_t)w->ne[2];
+        unsigned char *copy = malloc(n);
+        memcpy(copy, w->data, n);
+        size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+        long before = rss_file_kb();
+        size_t got = strata_gguf_drop_pages(g, w->data, n);
+        long after = rss_file_kb();
+        ok(got > 0 && got <= n && got % pg == 0, "drop_pages: %zu of %zu bytes dropped", got, n);
+        /* the memcpy above mapped every page of the tensor in; now they are out */
+        ok(before > 0 && after >= 0 && before - after >= (long)(got / 1024) * 9 / 10,
+           "drop_pages: file-backed RSS %ld kB -> %ld kB", before, after);
+        ok(memcmp(copy, w->data, n) == 0, "drop_pages: the tensor reads back the same bytes");
+        free(copy);
+        const struct strata_weight *v = &mm->layers[0].ffn_gate_exps;
+        size_t nv = v->nb2 * (size_t)v->ne[2];
+        unsigned char first = *(const unsigned char *)v->data;
+        ok(strata_gguf_drop_pages(gm, v->data, nv) == 0 && first == *(const unsigned char *)v->data,
+           "drop_pages: an in-memory image is left alone");
+        ok(strata_gguf_drop_pages(g, buf, size) == 0, "drop_pages: a range outside the file is "
+           "refused");
+    }
+    strata_model_free(mm);
+    strata_gguf_close(gm);
+    free(buf);
+    strata_model_free(m);
+    strata_gguf_close(g);
+    unlink(path);
+}
+
 int main(void)
 {
+    check_drop_pages();
     check_shape("qwen3-moe-tiny", "Q4_K_M", 3, 16);
     check_shape("qwen3-moe-tiny", "IQ2_XS", 1, 16);
     check_shape("llama-tiny", "Q8_0", 2, 0);
