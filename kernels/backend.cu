@@ -17,6 +17,7 @@
 #include "backend_experts.h"
 
 #include <dlfcn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@
 
 extern "C" {
 #include "engine.h"
+#include "gguf.h"
 #include "log.h"
 #include "model.h"
 #include "quant.h"
@@ -76,6 +78,9 @@ struct gpu_state {
      * single-block norm (L2 reads one round trip at a time) cost more than the launches
      * it saves (docs/performance.md) */
     int fuse;
+    /* fuse_route (default; STRATA_NO_FUSE_ROUTE=1 turns it off): router and top-k in one
+     * launch for decode batches (moe_router_topk), whatever fuse says */
+    int fuse_route;
     /* [2 * MATVEC_MAX] counters of the last-block epilogues: the RMSNorm fused into a
      * mat-vec, then the routing fused into the router */
     int *norm_cnt;
@@ -412,6 +417,39 @@ static void gpu_free(void *state)
     free(s);
 }
 
+/* Give back the host pages of weights that now live in VRAM: when they come from a
+ * GGUF file's mapping, its pages leave the resident set (strata_gguf_drop_pages: read
+ * again from the page cache or the file if the host ever needs them); an in-memory
+ * image or a pack is left as it is.  Without this the dense weights stay resident
+ * twice, in VRAM and in the mapping's pages the upload touched. */
+static void host_pageout(const struct strata_model *m, const void *p, size_t bytes)
+{
+    (void)strata_gguf_drop_pages(m->gguf, p, bytes);
+}
+
+static void release_host_weights(const struct gpu_state *s)
+{
+    const struct strata_model *m = s->m;
+    if (getenv("STRATA_KEEP_HOST_WEIGHTS"))
+        return;
+    host_pageout(m, m->tok_embd.data, weight_bytes(&m->tok_embd));
+    if (m->output.data != m->tok_embd.data)
+        host_pageout(m, m->output.data, weight_bytes(&m->output));
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        const struct strata_layer *L = &m->layers[il];
+        const struct strata_weight *w[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->ffn_gate,
+                                           &L->ffn_up, &L->ffn_down, &L->ffn_gate_inp};
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+            host_pageout(m, w[i]->data, weight_bytes(w[i]));
+        if (!s->xc) {
+            /* every routed expert is in VRAM too */
+            host_pageout(m, L->ffn_gate_exps.data, weight_bytes(&L->ffn_gate_exps));
+            host_pageout(m, L->ffn_up_exps.data, weight_bytes(&L->ffn_up_exps));
+            host_pageout(m, L->ffn_down_exps.data, weight_bytes(&L->ffn_down_exps));
+        }
+    }
+}
+
 /* The routed experts of a layer, stacked as stored. */
 static int up_experts(struct gpu_state *s, const struct strata_layer *L, struct dev_layer *D,
                       struct strata_err *err)
@@ -519,6 +557,8 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         const char *nq = getenv("STRATA_NO_MVQ"), *nf = getenv("STRATA_FUSE");
         s->use_q8 = !(nq && *nq && strcmp(nq, "0") != 0);
         s->fuse = nf && *nf && strcmp(nf, "0") != 0;
+        const char *nr = getenv("STRATA_NO_FUSE_ROUTE");
+        s->fuse_route = s->fuse || !(nr && *nr && strcmp(nr, "0") != 0);
         const char *na = getenv("STRATA_NO_ATTQ"), *ni = getenv("STRATA_NO_PIN_IN");
         s->attn_q8 = !(na && *na && strcmp(na, "0") != 0);
         s->pin_in = !(ni && *ni && strcmp(ni, "0") != 0);
@@ -682,6 +722,7 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         goto out;
     if (o->backend_cfg && (rc = place_experts(s, o, pool, err)))
         goto out;
+    release_host_weights(s);
     strata_log_info("%s backend on device %d: %s (%s, %d SMs, warp %d), %.1f MiB of VRAM for "
                     "weights, kv cache (%d positions) and scratch (%d tokens)",
                     STRATA_GPU_RUNTIME_NAME, dev, s->ctx.info.name, s->ctx.info.arch,
@@ -1038,7 +1079,7 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
             const struct strata_hparams *hp = &s->m->hp;
             int k = s->n_used, rows = n * k;
             float wscale = hp->expert_weights_scale > 0 ? hp->expert_weights_scale : 1.0f;
-            if (s->fuse && n <= MATVEC_MAX && D->gate_inp.type == STRATA_TYPE_F32 &&
+            if (s->fuse_route && n <= MATVEC_MAX && D->gate_inp.type == STRATA_TYPE_F32 &&
                 E % 4 == 0) {
                 if (OP("moe_router_topk",
                        strata_k_moe_router_topk(&s->ctx, &D->gate_inp, s->xn, n, s->router,
