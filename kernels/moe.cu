@@ -98,7 +98,7 @@ __global__ void moe_router_topk_kernel(const float *__restrict__ rw, const float
     if (e < n_expert) {
         const float *wr = rw + (int64_t)e * n, *xr = x + (int64_t)t * n;
         float s = 0.0f;
-#pragma unroll 4
+#pragma unroll 8
         for (int i = 4 * lane; i < n; i += 4 * warpSize) {
             float4 a = *(const float4 *)(wr + i), b = *(const float4 *)(xr + i);
             s = fmaf(a.x, b.x, s);
