@@ -3,7 +3,7 @@
  *
  *   bench_offload [--shape S] [--layers N] [--ftype F] [--pp P[,P...]] [--tg T]
  *                 [--prefill CHUNK] [--budget PCT[,PCT...]] [--pcie-frac auto|F[,...]]
- *                 [--route model|uniform[,...]] [--pcie-gbs G] [--seed N]
+ *                 [--route model|uniform[,...]] [--pcie-gbs G] [--seed N] [--file PATH]
  *
  * Every prompt and decode token is a uniformly random token id (as llama-bench feeds
  * them), so routing follows the model, not a repeated token.  For each budget (percent
@@ -73,7 +73,25 @@ static void sink(int level, const char *msg, void *ud)
 struct phase {
     double tok_s, hit, pair_hit, miss_mb, pcie_mb, cpu_exp, cpu_mb, floor_ms, ms,
         run_pcie_ms, run_cpu_ms, cpu_rate;
+    double moe_ms, sync_ms, wait_ms, pf_per_tok, pf_used; /* per token; prefetch use % */
 };
+
+/* kB of a "Name:   N kB" line of /proc/self/status; -1 when absent */
+static long status_kb(const char *name)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    size_t n = strlen(name);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, name, n) && line[n] == ':') {
+            v = atol(line + n + 1);
+            break;
+        }
+    if (f)
+        fclose(f);
+    return v;
+}
 
 /* The statistics of the phase just run (n tokens in t seconds). */
 static void phase_stats(struct strata_engine *e, const double *rec, int n, double t,
@@ -87,7 +105,7 @@ static void phase_stats(struct strata_engine *e, const double *rec, int n, doubl
     if (!strata_engine_expert_stats(e, &ec, &tm))
         return;
     const struct strata_model *m = strata_engine_model(e);
-    uint64_t dem = 0, hit = 0, pairs = 0, phit = 0, pcie = 0, cpu = 0;
+    uint64_t dem = 0, hit = 0, pairs = 0, phit = 0, pcie = 0, cpu = 0, pf = 0, pfu = 0;
     double miss_b = 0, cpu_b = 0;
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         if (!m->layers[il].is_moe)
@@ -99,6 +117,8 @@ static void phase_stats(struct strata_engine *e, const double *rec, int n, doubl
         phit += s->pair_hits;
         pcie += s->pcie_bytes;
         cpu += s->cpu;
+        pf += s->prefetches;
+        pfu += s->prefetch_used;
         miss_b += (double)(s->demanded - s->hits) * rec[il];
         cpu_b += (double)s->cpu * rec[il];
     }
@@ -112,6 +132,11 @@ static void phase_stats(struct strata_engine *e, const double *rec, int n, doubl
     ph->run_pcie_ms = pcie / (double)n / (pcie_gbs * 1e9) * 1e3;
     ph->cpu_rate = tm.cpu_s > 0 ? cpu_b / tm.cpu_s / 1e9 : 0;
     ph->run_cpu_ms = tm.cpu_s / n * 1e3;
+    ph->moe_ms = tm.moe_s / n * 1e3;
+    ph->sync_ms = tm.gpu_s / n * 1e3;
+    ph->wait_ms = tm.copy_wait_s / n * 1e3;
+    ph->pf_per_tok = pf / (double)n;
+    ph->pf_used = pf ? 100.0 * pfu / pf : 0;
 }
 
 static void print_phase(const char *name, const struct phase *p)
@@ -123,12 +148,16 @@ static void print_phase(const char *name, const struct phase *p)
            name, p->tok_s, p->ms, p->hit, p->pair_hit, p->miss_mb, p->pcie_mb, p->cpu_exp,
            p->cpu_mb, p->cpu_rate, p->floor_ms, p->floor_ms > 0 ? 1e3 / p->floor_ms : 0, fl,
            fl > 0 ? 1e3 / fl : 0);
+    printf("          time per token: routed experts %.3f ms (waiting for the forward pass "
+           "%.3f, GPU waiting for copies %.3f, CPU experts %.3f) | prefetch %.2f experts/token, "
+           "%.0f%% used\n", p->moe_ms, p->sync_ms, p->wait_ms, p->run_cpu_ms, p->pf_per_tok,
+           p->pf_used);
 }
 
 int main(int argc, char **argv)
 {
     const char *shape = "qwen3-30b-a3b", *ftype = "Q4_K_M", *budgets = "25,50",
-               *fracs = "1,auto", *pps = "512,2048", *routes = "model,uniform";
+               *fracs = "1,auto", *pps = "512,2048", *routes = "model,uniform", *file = NULL;
     int layers = 12, tg = 128, prefill = 2048;
     double pcie_gbs = 55;
     for (int i = 1; i < argc; i++) {
@@ -142,13 +171,14 @@ int main(int argc, char **argv)
         else if (i + 1 < argc && !strcmp(argv[i], "--pcie-frac")) fracs = argv[++i];
         else if (i + 1 < argc && !strcmp(argv[i], "--route")) routes = argv[++i];
         else if (i + 1 < argc && !strcmp(argv[i], "--pcie-gbs")) pcie_gbs = atof(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--file")) file = argv[++i];
         else if (i + 1 < argc && !strcmp(argv[i], "--seed"))
             rng_state = strtoull(argv[++i], NULL, 0) | 1;
         else {
             fprintf(stderr, "usage: bench_offload [--shape S] [--layers N] [--ftype F] "
                     "[--pp P,...] [--tg T] [--prefill CHUNK] [--budget PCT,...] "
                     "[--pcie-frac auto|F,...] [--route model|uniform,...] [--pcie-gbs G] "
-                    "[--seed N]\n");
+                    "[--seed N] [--file PATH]\n");
             return 2;
         }
     }
@@ -175,9 +205,23 @@ int main(int argc, char **argv)
     struct strata_gguf *g = NULL;
     struct strata_model *mm = NULL;
     double t0 = now();
-    int rc = strata_synth_build(&so, &buf, &size, &err);
-    if (!rc)
-        rc = strata_gguf_open_mem(&g, buf, size, shape, &err);
+    int rc;
+    if (file) {
+        FILE *f = fopen(file, "rb");
+        rc = 0;
+        if (f)
+            fclose(f);
+        else
+            rc = strata_synth_write(&so, file, &err);
+        if (!rc)
+            rc = strata_gguf_open(&g, file, &err);
+        if (!rc)
+            size = (size_t)strata_gguf_shard_size(g, 0);
+    } else {
+        rc = strata_synth_build(&so, &buf, &size, &err);
+        if (!rc)
+            rc = strata_gguf_open_mem(&g, buf, size, shape, &err);
+    }
     if (!rc)
         rc = strata_model_load(&mm, g, &err);
     if (rc) {
@@ -277,6 +321,17 @@ int main(int argc, char **argv)
                     }
                     phase_stats(e, rec, n, t, pcie_gbs, cpu_gbs, &ph);
                     print_phase(name, &ph);
+                    if (file) {
+                        double exp_b = 0;
+                        for (uint32_t il = 0; il < mm->hp.n_layer; il++)
+                            exp_b += rec[il] * n_expert;
+                        long rss = status_kb("VmRSS"), fb = status_kb("RssFile"),
+                             an = status_kb("RssAnon");
+                        printf("          host memory: VmRSS %.2f GB (file-backed %.2f, "
+                               "anonymous %.2f); routed experts %.2f GB: RSS / experts = "
+                               "%.3f\n", rss * 1024e-9, fb * 1024e-9, an * 1024e-9,
+                               exp_b / 1e9, rss * 1024.0 / exp_b);
+                    }
                 }
                 strata_engine_close(e);
                 strata_log_set_sink(NULL, NULL);
