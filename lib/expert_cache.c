@@ -12,6 +12,15 @@
 
 #define SCAN_ALL 1024   /* caches up to this many slots search every victim */
 #define SCAN_WINDOW 256
+/* prefetch_evict: the share of prefetched experts hit before eviction is a moving
+ * average (step 1/32 per outcome); below PF_MIN_RATE prefetches only take slots
+ * by count, and the share drifts back to 1 by PF_RECOVER per token (about 150
+ * tokens from 0.2 to 0.4) so the predictor is tried again.  In the replay a
+ * predictor right one time in four stays below (0.4 of its guesses hit: wrong
+ * ones cost a copy each), one right half the time above (0.6). */
+#define PF_STEP (1.0 / 32)
+#define PF_MIN_RATE 0.4
+#define PF_RECOVER 0.998
 
 struct strata_expert_cache {
     struct strata_ec_opts o;
@@ -30,6 +39,7 @@ struct strata_expert_cache {
     uint64_t clock;      /* tokens seen */
     uint64_t tick;       /* lookups, for LRU order inside a token */
     uint64_t last_rebalance;
+    double pf_rate;      /* moving share of prefetched experts hit before eviction */
     double carry;        /* pcie_frac remainder carried between batches */
     int plan_open;       /* a plan is pinned and not yet released */
     int free_cursor;     /* slots below it are all in use */
@@ -47,6 +57,7 @@ void strata_ec_opts_init(struct strata_ec_opts *o)
     o->adapt_every = 32;
     o->decay = 0.995;
     o->pcie_frac = 1.0;
+    o->prefetch_evict = 1;
 }
 
 void strata_ec_cfg_init(struct strata_ec_cfg *c)
@@ -74,6 +85,8 @@ static void bump(struct strata_expert_cache *ec, int key, double by)
 
 static void advance(struct strata_expert_cache *ec, uint64_t n_tok)
 {
+    /* a predictor judged useless gets another trial after a few hundred tokens */
+    ec->pf_rate = 1 - (1 - ec->pf_rate) * pow(PF_RECOVER, (double)n_tok);
     ec->clock += n_tok;
     ec->w = pow(ec->o.decay, -(double)(ec->clock - ec->base));
     if (ec->w > 1e100 || !isfinite(ec->w)) {
@@ -103,6 +116,12 @@ int strata_ec_create(struct strata_expert_cache **out, const struct strata_ec_op
     if (o->policy != STRATA_EC_LFRU && o->policy != STRATA_EC_LRU)
         return strata_err_set(err, STRATA_E_INVALID, "expert cache: unknown policy %d",
                               o->policy);
+    if (o->admit < STRATA_EC_ADMIT_SCORE || o->admit > STRATA_EC_ADMIT_NONE)
+        return strata_err_set(err, STRATA_E_INVALID, "expert cache: unknown admission rule %d",
+                              o->admit);
+    if (o->prefetch_evict < 0 || o->prefetch_evict > 1)
+        return strata_err_set(err, STRATA_E_INVALID, "expert cache: prefetch_evict %d is not 0 "
+                              "or 1", o->prefetch_evict);
     if (o->adapt_every < 0)
         return strata_err_set(err, STRATA_E_INVALID, "adapt-every %d is negative",
                               o->adapt_every);
@@ -136,6 +155,7 @@ int strata_ec_create(struct strata_expert_cache **out, const struct strata_ec_op
     ec->slot_of = malloc(sizeof(int32_t) * LX);
     ec->score = calloc(LX, sizeof(double));
     ec->w = 1;
+    ec->pf_rate = 1;
     ec->prefetched = calloc(LX, 1);
     ec->s_key = malloc(sizeof(int32_t) * S);
     ec->s_state = calloc(S, 1);
@@ -201,6 +221,8 @@ static void assign(struct strata_expert_cache *ec, int slot, int key)
 {
     int old = ec->s_key[slot];
     if (old >= 0) {
+        if (ec->prefetched[old])
+            ec->pf_rate -= ec->pf_rate * PF_STEP; /* evicted unused */
         ec->slot_of[old] = -1;
         ec->prefetched[old] = 0;
     }
@@ -276,8 +298,10 @@ out:
 }
 
 /* A slot for key, or -1: a free slot first; then per policy a victim among
- * the unpinned resident slots (an in-flight slot is never reused). */
-static int admit(struct strata_expert_cache *ec, int key, int may_evict)
+ * the unpinned resident slots (an in-flight slot is never reused).  by: the
+ * tokens of this batch already counted in key's score (a demand miss), 0 for
+ * a prefetch. */
+static int admit(struct strata_expert_cache *ec, int key, int may_evict, double by)
 {
     /* slots are never freed again, so a monotone cursor finds the free ones */
     while (ec->free_cursor < ec->S && ec->s_key[ec->free_cursor] >= 0)
@@ -285,6 +309,8 @@ static int admit(struct strata_expert_cache *ec, int key, int may_evict)
     if (ec->free_cursor < ec->S)
         return ec->free_cursor;
     if (!may_evict || ec->S == 0)
+        return -1;
+    if (ec->o.policy == STRATA_EC_LFRU && by > 0 && ec->o.admit == STRATA_EC_ADMIT_NONE)
         return -1;
     /* the coldest unpinned resident slot: all of them in a small cache, else
      * a window of SCAN_WINDOW slots that moves on every call (an approximate
@@ -305,7 +331,15 @@ static int admit(struct strata_expert_cache *ec, int key, int may_evict)
             best_s = v;
         }
     }
-    if (best >= 0 && ec->o.policy == STRATA_EC_LFRU && !(ec->score[key] > best_s))
+    double ks = ec->score[key];
+    if (ec->o.admit == STRATA_EC_ADMIT_SEEN)
+        ks -= by * ec->w;
+    /* a prefetch (by 0) of a predictor that is mostly right takes the coldest
+     * slot whatever its count: under pcie_frac 1 every expert that beats the
+     * coldest count is resident already, so the count test alone never lets a
+     * prefetch in; a wrong guess has no count and is the next victim */
+    int pf_free = by == 0 && ec->o.prefetch_evict && ec->pf_rate >= PF_MIN_RATE;
+    if (best >= 0 && ec->o.policy == STRATA_EC_LFRU && !pf_free && !(ks > best_s))
         return -1;
     return best;
 }
@@ -372,6 +406,7 @@ int strata_ec_lookup(struct strata_expert_cache *ec, int il, int n_tok, const in
             st->pair_hits += (uint64_t)n;
             if (ec->prefetched[key]) {
                 ec->prefetched[key] = 0;
+                ec->pf_rate += (1 - ec->pf_rate) * PF_STEP;
                 st->prefetch_used++;
             }
         } else {
@@ -393,7 +428,7 @@ int strata_ec_lookup(struct strata_expert_cache *ec, int il, int n_tok, const in
         struct strata_ec_item m = miss[i];
         if (i < n_pcie) {
             int key = il * ec->X + m.expert;
-            int s = admit(ec, key, may_evict(ec));
+            int s = admit(ec, key, may_evict(ec), m.n_tok);
             if (s >= 0) {
                 assign(ec, s, key);
                 ec->s_pins[s]++;
@@ -556,7 +591,7 @@ int strata_ec_prefetch(struct strata_expert_cache *ec, int il, const int32_t *ca
         int key = il * ec->X + cand[i];
         if (ec->slot_of[key] >= 0)
             continue;
-        int s = admit(ec, key, may_evict(ec));
+        int s = admit(ec, key, may_evict(ec), 0);
         if (s < 0)
             continue;
         assign(ec, s, key);

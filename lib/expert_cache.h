@@ -34,9 +34,15 @@
  *          decays by a factor `decay` per token (an exponentially weighted
  *          count, half-life ln 2 / -ln decay tokens).  A PCIe miss enters a
  *          slot only when a slot is free or its score beats the lowest-scored
- *          unpinned resident; otherwise it is streamed through staging.  Every
+ *          unpinned resident (opts.admit: or never, or counting only the tokens
+ *          before this batch); otherwise it is streamed through staging.  Every
  *          adapt_every tokens (0 = never: the initial fill stays) the hottest
  *          non-resident experts replace colder residents (hysteresis margin).
+ *          A prefetched expert takes the coldest slot whatever its count while
+ *          the predictions prove right (prefetch_evict; a replay of recorded
+ *          routing, docs/performance.md "Expert cache (simulated)": 74% -> 88%
+ *          of the experts demanded hit with a quarter of them in VRAM and a
+ *          predictor right two times in three).
  * A miss costs O(1) at any size: free slots are found by a cursor, and above
  * 1024 slots the victim is the coldest of a moving window of 256 slots (an
  * approximate minimum, as sampled eviction does) rather than of all of them.
@@ -54,6 +60,16 @@
 enum strata_ec_policy {
     STRATA_EC_LFRU = 0, /* decayed frequency (default) */
     STRATA_EC_LRU = 1,
+};
+
+/* LFRU: which PCIe misses of a lookup may evict a resident expert (a free slot is
+ * always taken; prefetch and re-balance follow their own rules). */
+enum strata_ec_admit {
+    STRATA_EC_ADMIT_SCORE = 0, /* default: its count, this batch's tokens included,
+                                  beats the victim's */
+    STRATA_EC_ADMIT_SEEN = 1,  /* its count before this batch beats the victim's (an
+                                  expert seen for the first time is streamed) */
+    STRATA_EC_ADMIT_NONE = 2,  /* never: misses are streamed, only re-balance swaps */
 };
 
 /* Where one demanded expert of a batch is computed. */
@@ -81,11 +97,17 @@ struct strata_ec_opts {
     int adapt_every;           /* LFRU: tokens between re-balances; 0 = static */
     double decay;              /* LFRU: per-token factor of the counts, (0, 1]; 0 = 0.995 */
     double pcie_frac;          /* share of the missed experts copied over PCIe, [0, 1] */
+    int admit;                 /* LFRU: enum strata_ec_admit (default SCORE) */
+    int prefetch_evict;        /* LFRU: 1 (default) a prefetch takes the coldest unpinned
+                                  slot whatever the counts while at least 40% of the
+                                  recent prefetches were hit; 0: only a slot whose count
+                                  is below the predicted expert's */
     const double *profile;     /* [n_layer * n_expert] routing counts for the initial
                                   fill and scores, or NULL (spread evenly) */
 };
 
-/* Fill o with the defaults (LFRU, adapt_every 32, decay 0.995, pcie_frac 1). */
+/* Fill o with the defaults (LFRU, adapt_every 32, decay 0.995, pcie_frac 1,
+ * admit SCORE, prefetch_evict 1). */
 void strata_ec_opts_init(struct strata_ec_opts *o);
 
 /* One demanded expert of a batch. */
@@ -217,9 +239,11 @@ int strata_ec_rebalance(struct strata_expert_cache *ec, int max, int32_t *il, in
 int strata_ec_predict(const float *logits, int n_expert, int n_cand, int32_t *out);
 
 /* Prefetch: for each candidate of layer il not resident or in flight, take a
- * slot when the policy would admit it (a free slot, or - LFRU - a colder
- * unpinned victim; LRU - the least recently used unpinned slot), and write the
- * copies to issue to ie[] / slot[] (each [n_cand]).  Returns how many. */
+ * slot when the policy would admit it (a free slot; LRU - the least recently
+ * used unpinned slot; LFRU - the coldest unpinned slot, with prefetch_evict
+ * while at least 40% of the recent prefetches were hit before eviction, else
+ * only one colder than the candidate), and write the copies to issue to ie[] /
+ * slot[] (each [n_cand]).  Returns how many. */
 int strata_ec_prefetch(struct strata_expert_cache *ec, int il, const int32_t *cand, int n_cand,
                        int32_t *ie, int32_t *slot);
 

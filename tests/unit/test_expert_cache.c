@@ -431,6 +431,123 @@ static void test_adapt_and_prefetch(void)
     strata_ec_free(ec);
 }
 
+/* The admission rules of LFRU: with both slots resident, a new expert's first
+ * miss fills (SCORE: its one token beats the victims' empty counts), streams
+ * (SEEN: nothing before this batch; the second miss fills) or streams every
+ * time (NONE) until a re-balance swaps it in. */
+static void test_admit(void)
+{
+    struct strata_err err = {0};
+    const int rules[3] = {STRATA_EC_ADMIT_SCORE, STRATA_EC_ADMIT_SEEN, STRATA_EC_ADMIT_NONE};
+    const char *names[3] = {"score", "seen", "none"};
+    for (int r = 0; r < 3; r++) {
+        struct strata_ec_opts o;
+        struct strata_expert_cache *ec = NULL;
+        strata_ec_opts_init(&o);
+        o.n_layer = 1; o.n_expert = 8; o.n_expert_used = 1; o.n_slots = 2;
+        o.adapt_every = 4; o.admit = rules[r];
+        if (!ok(strata_ec_create(&ec, &o, &err) == 0, "create, admit %s", names[r]))
+            return;
+        int32_t il[2], ie[2], sl[2];
+        int n = strata_ec_initial_fill(ec, 2, il, ie, sl);
+        for (int i = 0; i < n; i++)
+            strata_ec_fill_done(ec, sl[i], &err);
+        int32_t x = 0;
+        while (strata_ec_slot_of(ec, 0, x, NULL) >= 0)
+            x++;
+        int where[3] = {-1, -1, -1};
+        for (int t = 0; t < 3; t++) {
+            struct strata_ec_plan p;
+            if (strata_ec_lookup(ec, 0, 1, &x, &p, &err))
+                break;
+            where[t] = p.items[0].where;
+            if (where[t] == STRATA_EC_FILL)
+                strata_ec_fill_done(ec, p.items[0].slot, &err);
+            strata_ec_release(ec, &p);
+        }
+        if (rules[r] == STRATA_EC_ADMIT_SCORE)
+            ok(where[0] == STRATA_EC_FILL && where[1] == STRATA_EC_HIT,
+               "admit score: the first miss fills (%d, then %d)", where[0], where[1]);
+        else if (rules[r] == STRATA_EC_ADMIT_SEEN)
+            ok(where[0] == STRATA_EC_STREAM && where[1] == STRATA_EC_FILL &&
+                   where[2] == STRATA_EC_HIT,
+               "admit seen: streamed when first seen, filled when seen again (%d %d %d)",
+               where[0], where[1], where[2]);
+        else {
+            ok(where[0] == STRATA_EC_STREAM && where[1] == STRATA_EC_STREAM &&
+                   where[2] == STRATA_EC_STREAM, "admit none: every miss streamed (%d %d %d)",
+               where[0], where[1], where[2]);
+            /* a 4th token makes the re-balance due: 3 decayed hits against 0 */
+            struct strata_ec_plan p;
+            if (strata_ec_lookup(ec, 0, 1, &x, &p, &err) == 0)
+                strata_ec_release(ec, &p);
+            int nr = strata_ec_rebalance(ec, 2, il, ie, sl);
+            ok(nr == 1 && ie[0] == x, "admit none: the re-balance swaps it in (%d swaps)", nr);
+        }
+        strata_ec_free(ec);
+    }
+    struct strata_ec_opts o;
+    struct strata_expert_cache *ec = NULL;
+    strata_ec_opts_init(&o);
+    o.n_layer = 1; o.n_expert = 8; o.n_expert_used = 1; o.n_slots = 2; o.admit = 3;
+    ok(strata_ec_create(&ec, &o, &err) == STRATA_E_INVALID && !ec,
+       "admission rule 3 refused: %s", err.msg);
+}
+
+/* Prefetch under LFRU: with both slots holding experts that were hit, a
+ * predicted expert that was never routed (count 0) is refused by count alone
+ * (prefetch_evict 0) but takes the coldest slot with prefetch_evict 1; a
+ * predictor whose guesses are then hit keeps doing so, one whose guesses are
+ * never hit is stopped after a few dozen wasted copies. */
+static void test_prefetch_evict(void)
+{
+    struct strata_err err = {0};
+    for (int mode = 0; mode < 3; mode++) {
+        struct strata_ec_opts o;
+        struct strata_expert_cache *ec = NULL;
+        strata_ec_opts_init(&o);
+        o.n_layer = 1; o.n_expert = 64; o.n_expert_used = 1; o.n_slots = 2;
+        o.prefetch_evict = mode > 0;
+        if (!ok(strata_ec_create(&ec, &o, &err) == 0, "create, prefetch_evict %d", mode > 0))
+            return;
+        int32_t il[2], ie[2], sl[2];
+        int n = strata_ec_initial_fill(ec, 2, il, ie, sl);
+        for (int i = 0; i < n; i++)
+            strata_ec_fill_done(ec, sl[i], &err);
+        struct strata_ec_plan p;
+        for (int t = 0; t < 4; t++) {
+            int32_t sel = ie[t % 2];
+            if (strata_ec_lookup(ec, 0, 1, &sel, &p, &err) == 0)
+                strata_ec_release(ec, &p);
+        }
+        /* guesses: experts never routed; mode 2 routes each guess after it */
+        int taken = 0, hits = 0;
+        for (int g = 0; g < 40; g++) {
+            int32_t cand = 2 + g, pe, ps;
+            if (cand == ie[0] || cand == ie[1])
+                cand += 40;
+            int np = strata_ec_prefetch(ec, 0, &cand, 1, &pe, &ps);
+            taken += np;
+            if (np)
+                strata_ec_fill_done(ec, ps, &err);
+            if (mode == 2 && strata_ec_lookup(ec, 0, 1, &cand, &p, &err) == 0) {
+                hits += p.n_hit;
+                strata_ec_release(ec, &p);
+            }
+        }
+        if (mode == 0)
+            ok(taken == 0, "prefetch_evict 0: a never-routed guess does not evict a routed "
+               "expert (%d of 40 taken)", taken);
+        else if (mode == 1)
+            ok(taken >= 20 && taken < 40, "prefetch_evict 1, guesses never hit: the first take "
+               "the coldest slot, then prefetching stops (%d of 40 taken)", taken);
+        else
+            ok(taken == 40 && hits == 40, "prefetch_evict 1, guesses hit: every guess taken "
+               "(%d) and hit (%d)", taken, hits);
+        strata_ec_free(ec);
+    }
+}
+
 /* ---- replay of recorded routing ---- */
 
 struct trace {
@@ -754,6 +871,8 @@ int main(void)
     test_split_and_predict();
     test_profile_and_plan();
     test_adapt_and_prefetch();
+    test_admit();
+    test_prefetch_evict();
     test_large();
     test_replay();
     return tap_done();
