@@ -120,6 +120,9 @@ struct gpu_state {
     long op_calls[PROF_MAX_OPS];
     int n_ops;
     int cur_tokens;
+    /* blas_f32 (default; STRATA_NO_BLAS_F32=1 turns it off): F32 weights of prefill
+     * batches (the router) by an FP32 cublasGemmEx instead of the mat-mat kernel */
+    int blas_f32;
 #ifdef STRATA_GPU_CUDA
     /* cuBLAS, loaded at run time when present: prefill-sized dense projections are
      * dequantised to f16 and multiplied by cublasGemmEx (tensor cores) */
@@ -557,6 +560,8 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         const char *nq = getenv("STRATA_NO_MVQ"), *nf = getenv("STRATA_FUSE");
         s->use_q8 = !(nq && *nq && strcmp(nq, "0") != 0);
         s->fuse = nf && *nf && strcmp(nf, "0") != 0;
+        const char *nb = getenv("STRATA_NO_BLAS_F32");
+        s->blas_f32 = !(nb && *nb && strcmp(nb, "0") != 0);
         const char *nr = getenv("STRATA_NO_FUSE_ROUTE");
         s->fuse_route = s->fuse || !(nr && *nr && strcmp(nr, "0") != 0);
         const char *na = getenv("STRATA_NO_ATTQ"), *ni = getenv("STRATA_NO_PIN_IN");
@@ -741,6 +746,25 @@ static int proj(struct gpu_state *s, const struct strata_k_weight *w, const floa
                 struct strata_err *err)
 {
 #ifdef STRATA_GPU_CUDA
+    if (s->blas && s->blas_f32 && n > MATVEC_MAX && w->type == STRATA_TYPE_F32 && !add &&
+        w->nb1 == 4 * (size_t)w->ne0) {
+        /* F32 weights (the MoE router, 128 rows: too few for the f16 path's tiles, and
+         * the built-in mat-mat kernel would give it only ne1 / 64 x n / 64 blocks) as
+         * stored, in FP32: column-major C [ne1 x n] = W^T [ne1 x ne0] * X [ne0 x n] */
+        const float one = 1.0f, zero = 0.0f;
+        cublasStatus_t st = s->blas_gemm(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->ne1, n,
+                                         (int)w->ne0, &one, w->data, CUDA_R_32F, (int)w->ne0,
+                                         x, CUDA_R_32F, (int)x_stride, &zero, y, CUDA_R_32F,
+                                         (int)y_stride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            return strata_k_err(err, STRATA_E_GPU,
+                                "cublasGemmEx (FP32) [%lld x %lld] x %d tokens on device %d (%s): "
+                                "status %d", (long long)w->ne1, (long long)w->ne0, n,
+                                s->ctx.info.device, s->ctx.info.name, (int)st);
+        return strata_k_check(&s->ctx, "cublasGemmEx", dim3(1), dim3(1), err,
+                              "F32 ne0=%lld ne1=%lld n=%d", (long long)w->ne0, (long long)w->ne1,
+                              n);
+    }
     if (s->blas && n > MATVEC_MAX && (!add || add == y) && w->ne0 % 8 == 0 && y_stride % 4 == 0 &&
         (size_t)(w->ne0 * w->ne1) <= s->wh_cap && (size_t)(w->ne0 * n) <= s->xh_cap &&
         w->ne1 >= 256) {
