@@ -5,7 +5,8 @@
 #                                             `make B=BUILD CUDA_ARCHS=90 gpu-tests`) into DIR
 #                                             (default devrun-p)
 #   scripts/gpu-profile.sh run [DIR] [WHAT]   there: WHAT is any of bench, ncu, offload,
-#                                             check, ab, offmem (default bench ncu offload)
+#                                             check, ab, offmem, offtest, prof, spec, xcpu,
+#                                             diag (default bench ncu offload)
 #
 # bench: bench_gpu --tg 128 --reps 3 (decode and prefill, all in VRAM).  ncu: the time each
 # kernel of a few decode steps runs once scheduled (Nsight Compute, graph nodes profiled
@@ -13,7 +14,12 @@
 # bench_offload with the synthetic model written to a file and mapped (host memory
 # against the experts' bytes), 25% and 50% of the experts in VRAM, the model's routing.
 # check: test_kernels and test_golden (with the fixtures packed into DIR/fixtures, if
-# any).  ab: bench_gpu --ab over $AB.  offmem: bench_offload from memory.
+# any).  ab: bench_gpu --ab over $AB.  offmem: bench_offload from memory, once per
+# setting of $OFFENV (space-separated VAR=VALUE, "-" for none).  offtest:
+# test_expert_offload.  prof: per-operation times (STRATA_GPU_PROFILE=1).  spec:
+# scripts/bench-spec.sh on the host's CPU (all its threads).  xcpu: bench_expert_cpu.
+# diag: bench_offload mapping a freshly written file on the disk, with the process's
+# kernel stacks and the host's dirty and writeback memory sampled while it opens.
 # Logs go to $OUT (or /tmp/strata-prof).
 set -u
 case ${1:-} in
@@ -21,21 +27,23 @@ pack)
     set -e
     d=${3:-devrun-p}
     rm -rf "$d" && mkdir -p "$d/lib"
-    for f in bench_gpu bench_offload test_kernels test_golden; do
+    for f in bench_gpu bench_offload test_kernels test_golden test_expert_offload bench_spec; do
         strip -o "$d/$f" "$2/gpu-tests/$f"
     done
+    [ -x "$2/bench/bench_expert_cpu" ] && strip -o "$d/bench_expert_cpu" "$2/bench/bench_expert_cpu"
+    mkdir -p "$d/bin" && strip -o "$d/bin/strata-generate" "$2/bin/cuda/strata-generate"
     # fixtures named in $FIXTURES (paths under the fixtures folder)
     fx=${STRATA_FIXTURES:-$(pwd)/../shared/fixtures}
     for f in ${FIXTURES:-}; do
         mkdir -p "$d/fixtures/$(dirname "$f")" && cp -r "$fx/$f" "$d/fixtures/$f"
     done
     # their libraries that a bare machine may lack
-    for f in "$d"/bench_* "$d"/test_*; do ldd "$f" 2>/dev/null; done | awk '$3 ~ /^\// {print $3}' |
+    for f in "$d"/bench_* "$d"/test_* "$d"/bin/*; do ldd "$f" 2>/dev/null; done | awk '$3 ~ /^\// {print $3}' |
         sort -u | grep -v -E 'lib(c|m|dl|rt|pthread|stdc\+\+|gcc_s)\.so' |
         while read -r l; do cp -L "$l" "$d/lib/"; done
     # the programs and their libraries travel compressed (the transfer is limited)
-    tar -C "$d" -cJf "$d/bin.tar.xz" $(cd "$d" && ls -d bench_* test_* lib)
-    (cd "$d" && rm -rf bench_* test_* lib)
+    tar -C "$d" -cJf "$d/bin.tar.xz" $(cd "$d" && ls -d bench_* test_* lib bin)
+    (cd "$d" && rm -rf bench_* test_* lib bin)
     du -sh "$d"
     exit 0 ;;
 run) ;;
@@ -69,8 +77,41 @@ for w in $what; do
     ab)
         timeout 200 "$d/bench_gpu" --tg 128 --reps 3 --ab "${AB:-STRATA_NO_FASTQ}" 2>&1 | tee "$out/bench_ab.log" ;;
     offmem)
-        timeout 300 stdbuf -oL "$d/bench_offload" --budget ${BUDGETS:-25,50} --route model \
-            --pcie-frac ${FRACS:-1,auto} --pp ${PP:-2048} --tg 128 2>&1 | tee "$out/offmem.log" ;;
+        for e in ${OFFENV:--}; do
+            echo "== bench_offload ${e#-}" | tee -a "$out/offmem.log"
+            ( [ "$e" != - ] && export "$e"
+              timeout 300 stdbuf -oL "$d/bench_offload" --budget ${BUDGETS:-25,50} \
+                  --route model --pcie-frac ${FRACS:-1,auto} --pp ${PP:-2048} --tg 128 ) 2>&1 |
+                tee -a "$out/offmem.log"
+        done ;;
+    offtest)
+        STRATA_FIXTURES=$(cd "$d" && pwd)/fixtures timeout 300 "$d/test_expert_offload" \
+            > "$out/offtest.log" 2>&1
+        grep -E "^not ok" "$out/offtest.log" | head -20
+        echo "test_expert_offload: $(grep -c '^ok' "$out/offtest.log") ok, $(grep -c '^not ok' "$out/offtest.log") not ok" ;;
+    prof)
+        STRATA_GPU_PROFILE=1 timeout 120 "$d/bench_gpu" --tg 16 --reps 1 > "$out/prof.log" 2>&1
+        tail -60 "$out/prof.log" ;;
+    spec)
+        STRATA_FIXTURES=$(cd "$d" && pwd)/fixtures timeout 300 scripts/bench-spec.sh \
+            -b "$d/bin" -x "$d/bench_spec" -B cpu -t "$(nproc)" -r ${SPEC_REPS:-3} -S \
+            -a --no-selftest 2>&1 | tee "$out/spec.log" ;;
+    xcpu)
+        timeout 120 "$d/bench_expert_cpu" -t "$(nproc)" 2>&1 | tee "$out/xcpu.log" ;;
+    diag)
+        ( timeout ${TDIAG:-45} stdbuf -oL "$d/bench_offload" --file /tmp/strata-diag.gguf \
+              --budget 25 --route model --pcie-frac 1 --pp 512 --tg 16 > "$out/diag.log" 2>&1 & 
+          sleep 15
+          for i in 1 2 3; do
+              p=$(pgrep -x bench_offload | head -1)
+              { date +%T; grep -E "^(Dirty|Writeback):" /proc/meminfo
+                [ -n "$p" ] && for t in /proc/$p/task/*; do
+                    echo "$t $(cat $t/wchan 2>/dev/null) $(head -c 300 $t/stack 2>/dev/null | tr '\n' ' ')"
+                done | sort -k2 | uniq -c -f1 | head -8; } >> "$out/diag.log"
+              sleep 8
+          done
+          wait )
+        rm -f /tmp/strata-diag.gguf; tail -40 "$out/diag.log" ;;
     offload)
         df -h /tmp /dev/shm 2>&1 | tee "$out/offload.log"
         timeout ${TOF:-500} stdbuf -oL "$d/bench_offload" --file /tmp/strata-syn.gguf \
