@@ -21,9 +21,10 @@
  * kv positions [z * w, min(kv_end, (z + 1) * w)) with w = split_width.  A one-token
  * decode and the same position inside a verify window so sum the same keys in the
  * same tiles in the same order, bitwise. */
-static __device__ __forceinline__ int splits_used(int kv_end, int n_split)
+static __device__ __forceinline__ int splits_used(int kv_end, int n_split, int split_keys)
 {
-    int s = (kv_end + ATT_MIN_SPLIT_KEYS - 1) / ATT_MIN_SPLIT_KEYS;
+    const int mk = split_keys > 0 ? split_keys : ATT_MIN_SPLIT_KEYS;
+    int s = (kv_end + mk - 1) / mk;
     return s < 1 ? 1 : s > n_split ? n_split : s;
 }
 
@@ -65,11 +66,11 @@ attn_kernel(struct strata_k_attn_args a)
     const int t = valid ? row / n_gqa : 0, h = g * n_gqa + (valid ? row % n_gqa : 0);
     const int qpos = p0 + t;
     /* the last query uses the most splits */
-    if ((int)blockIdx.z >= splits_used(p0 + a.n_tok, a.n_split))
+    if ((int)blockIdx.z >= splits_used(p0 + a.n_tok, a.n_split, a.split_keys))
         return;
     /* this row's keys in split z: [r_lo, r_hi) (empty when it uses fewer splits); the
      * block walks the tiles of the union of its rows' ranges and masks the others */
-    const int r_used = splits_used(qpos + 1, a.n_split);
+    const int r_used = splits_used(qpos + 1, a.n_split, a.split_keys);
     const int r_lo = blockIdx.z * split_width(qpos + 1, r_used);
     const int r_hi = valid && (int)blockIdx.z < r_used
                          ? min(qpos + 1, r_lo + split_width(qpos + 1, r_used))
@@ -210,7 +211,7 @@ attn_kernel(struct strata_k_attn_args a)
             sp[hd + 1] = l;
         }
     }
-    const int nz = splits_used(p0 + a.n_tok, a.n_split); /* blocks of this tile that run */
+    const int nz = splits_used(p0 + a.n_tok, a.n_split, a.split_keys); /* blocks of this tile that run */
     if (a.counters && nz > 1) {
         /* the last block of the tile to finish merges its split rows, in split order as
          * attn_merge_kernel does (threadFenceReduction pattern) */
@@ -290,12 +291,12 @@ attn_kernel(struct strata_k_attn_args a)
 /* Merge the splits of one output row (token orow / n_head) in split order. */
 __global__ void attn_merge_kernel(const float *__restrict__ scratch, float *__restrict__ out,
                                   int n_rows, int hd, int n_split, const int32_t *pos0,
-                                  int n_head)
+                                  int n_head, int split_keys)
 {
     strata_pdl_wait();
     strata_pdl_trigger();
     int orow = blockIdx.x;
-    int n_used = splits_used(*pos0 + orow / n_head + 1, n_split);
+    int n_used = splits_used(*pos0 + orow / n_head + 1, n_split, split_keys);
     if (n_used == 1)
         return; /* the attention kernel wrote the result */
     float mx = -INFINITY;
@@ -334,6 +335,7 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
 {
     if (a->n_tok <= 0 || a->n_head <= 0 || a->n_head_kv <= 0 || a->n_head % a->n_head_kv ||
         a->hd <= 0 || a->hd > ATT_HD || a->hd % 8 || a->n_split < 1 || a->max_kv < a->n_tok ||
+        a->split_keys < 0 || a->split_keys % ATT_KEYS ||
         (a->n_split > 1 && !a->scratch) ||
         (a->out_q8 && (a->hd % 32 || (a->n_split > 1 && !a->counters) ||
                        a->out_q8_row < (int64_t)strata_k_q8_row_bytes((int64_t)a->n_head * a->hd) ||
@@ -341,7 +343,8 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
         return strata_k_err(err, STRATA_E_INVALID,
                             "attention: bad shape n_tok=%d n_head=%d n_head_kv=%d hd=%d "
                             "n_split=%d max_kv=%d out_q8_row=%lld (hd a multiple of 8, <= %d; "
-                            "8-bit output: hd a multiple of 32, counters when split)",
+                            "8-bit output: hd a multiple of 32, counters when split; split_keys a multiple "
+                            "of 32)",
                             a->n_tok, a->n_head, a->n_head_kv, a->hd, a->n_split, a->max_kv,
                             (long long)a->out_q8_row, ATT_HD);
     int n_rows = a->n_tok * (a->n_head / a->n_head_kv);
@@ -370,7 +373,7 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
         return rc;
     dim3 g2((unsigned)(a->n_tok * a->n_head)), b2(128);
     strata_k_launch(ctx, attn_merge_kernel, g2, b2, (const float *)a->scratch, a->out,
-                    a->n_tok * a->n_head, a->hd, a->n_split, a->pos0, a->n_head);
+                    a->n_tok * a->n_head, a->hd, a->n_split, a->pos0, a->n_head, a->split_keys);
     return strata_k_check(ctx, "attn_merge_kernel", g2, b2, err, "rows=%d hd=%d n_split=%d",
                           a->n_tok * a->n_head, a->hd, a->n_split);
 }

@@ -88,6 +88,9 @@ struct gpu_state {
      * splits in the last block of each tile (counters attn_cnt) and writes the 8-bit rows
      * of attn_output itself: two launches fewer per layer */
     int attn_q8;
+    /* att_split_keys (STRATA_ATT_SHORT_SPLITS=1: 32; else 0, i.e. 128): the fewest keys a
+     * decode attention split takes; decode and verify windows use the same value */
+    int att_split_keys;
     int *attn_cnt;
     /* pin_in (default; STRATA_NO_PIN_IN=1 turns it off): pos0 and the token ids go to
      * the device in one copy from pinned memory (h_in), s->ids = s->pos0 + 1 */
@@ -566,6 +569,8 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         s->fuse_route = s->fuse || !(nr && *nr && strcmp(nr, "0") != 0);
         const char *na = getenv("STRATA_NO_ATTQ"), *ni = getenv("STRATA_NO_PIN_IN");
         s->attn_q8 = !(na && *na && strcmp(na, "0") != 0);
+        const char *ss = getenv("STRATA_ATT_SHORT_SPLITS");
+        s->att_split_keys = ss && *ss && strcmp(ss, "0") != 0 ? 32 : 0;
         s->pin_in = !(ni && *ni && strcmp(ni, "0") != 0);
         /* programmatic dependent launches (sm_90+): each decode kernel is scheduled
          * while the one before it finishes; STRATA_NO_PDL=1 turns them off */
@@ -1048,6 +1053,7 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
         aa.n_split = n <= MATVEC_MAX ? s->n_split : 1;
         aa.scale = 1.0f / sqrtf((float)s->hd);
         aa.scratch = s->attn_scratch;
+        aa.split_keys = s->att_split_keys;
         /* the merge and the 8-bit rows of attn_output in the attention launch */
         const int wo_q8 = mvq_ok(s, &D->wo, n);
         if (s->attn_q8 && n <= MATVEC_MAX) {

@@ -259,6 +259,10 @@ struct strata_k_attn_args {
     int *counters;
     void *out_q8;
     int64_t out_q8_row;
+    /* keys per split at least (a multiple of 32; 0: 128): a row of kv length L uses
+     * min(n_split, ceil(L / split_keys)) splits.  The layout depends on L and this only,
+     * so a decode and a verify window must use the same value */
+    int split_keys;
 };
 /* ints of the counters of strata_k_attention for batches of up to n_tok tokens */
 size_t strata_k_attn_counters(int n_tok, int n_head, int n_head_kv);

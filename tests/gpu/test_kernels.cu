@@ -822,7 +822,8 @@ static void test_qkv_post(int mode, int n_tok, int n_head, int n_head_kv, int hd
 }
 
 /* Causal GQA attention against a double-precision softmax over the f16 cache. */
-static void test_attention(int n_tok, int pos0, int n_head, int n_head_kv, int hd, int n_split)
+static void test_attention(int n_tok, int pos0, int n_head, int n_head_kv, int hd, int n_split,
+                           int split_keys = 0)
 {
     struct strata_err err = {0, ""};
     int n_kv = pos0 + n_tok, nq = n_tok * n_head * hd, nc = n_kv * n_head_kv * hd;
@@ -868,13 +869,14 @@ static void test_attention(int n_tok, int pos0, int n_head, int n_head_kv, int h
     a.q = dq; a.q_stride = n_head * hd; a.k_cache = dk; a.v_cache = dv; a.out = dout;
     a.pos0 = dpos; a.n_tok = n_tok; a.n_head = n_head; a.n_head_kv = n_head_kv; a.hd = hd;
     a.max_kv = n_kv + 5; a.n_split = n_split; a.scale = scale; a.scratch = dscr;
+    a.split_keys = split_keys;
     int rc = strata_k_attention(&ctx, &a, &err);
     KT_CUDA(cudaDeviceSynchronize());
     kt_down(got, dout, 4 * nq);
     size_t worst;
     double e = rc ? INFINITY : kt_err(got, ref, nq, 2e-5, 2e-4, &worst);
-    ok(e <= 1, "attention n_tok=%d pos0=%d heads %d/%d hd=%d split %d: err %.3g %s", n_tok, pos0,
-       n_head, n_head_kv, hd, n_split, e, rc ? err.msg : "");
+    ok(e <= 1, "attention n_tok=%d pos0=%d heads %d/%d hd=%d split %d (%d keys): err %.3g %s",
+       n_tok, pos0, n_head, n_head_kv, hd, n_split, split_keys, e, rc ? err.msg : "");
     if (!rc && e > 1)
         diag("  at %zu: gpu %.9g ref %.9g", worst, got[worst], ref[worst]);
     /* the merge in the last block of each tile, and the 8-bit output written by the
@@ -1162,6 +1164,11 @@ static void test_ops(void)
     test_attention(5, 200, 16, 16, 64, 3);
     test_attention(3, 517, 12, 3, 96, 9);  /* 8-bit output, odd shapes, 5 of 9 splits */
     test_attention(17, 120, 32, 4, 128, 32); /* a full verify window, 1 or 2 splits a row */
+    /* splits of at least 32 keys (STRATA_ATT_SHORT_SPLITS): short contexts split too */
+    test_attention(1, 40, 32, 4, 128, 32, 32);
+    test_attention(1, 100, 32, 4, 128, 32, 32);
+    test_attention(17, 50, 32, 4, 128, 32, 32);
+    test_attention(3, 517, 12, 3, 96, 9, 64);
     test_route_combine(1, 128, 8, 1);
     test_route_combine(9, 16, 4, 1);
     test_route_combine(3, 60, 6, 0);
