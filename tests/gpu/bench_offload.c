@@ -326,11 +326,13 @@ int main(int argc, char **argv)
                         for (uint32_t il = 0; il < mm->hp.n_layer; il++)
                             exp_b += rec[il] * n_expert;
                         long rss = status_kb("VmRSS"), fb = status_kb("RssFile"),
-                             an = status_kb("RssAnon");
+                             an = status_kb("RssAnon"), sh = status_kb("RssShmem"),
+                             pin = status_kb("VmPin"), hwm = status_kb("VmHWM");
                         printf("          host memory: VmRSS %.2f GB (file-backed %.2f, "
-                               "anonymous %.2f); routed experts %.2f GB: RSS / experts = "
-                               "%.3f\n", rss * 1024e-9, fb * 1024e-9, an * 1024e-9,
-                               exp_b / 1e9, rss * 1024.0 / exp_b);
+                               "shared memory %.2f, anonymous %.2f; peak %.2f, pinned %.2f); "
+                               "routed experts %.2f GB: RSS / experts = %.3f\n",
+                               rss * 1024e-9, fb * 1024e-9, sh * 1024e-9, an * 1024e-9,
+                               hwm * 1024e-9, pin * 1024e-9, exp_b / 1e9, rss * 1024.0 / exp_b);
                     }
                 }
                 strata_engine_close(e);
