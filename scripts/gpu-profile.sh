@@ -81,7 +81,8 @@ for w in $what; do
             echo "== bench_offload ${e#-}" | tee -a "$out/offmem.log"
             ( [ "$e" != - ] && export "$e"
               timeout 300 stdbuf -oL "$d/bench_offload" --budget ${BUDGETS:-25,50} \
-                  --route model --pcie-frac ${FRACS:-1,auto} --pp ${PP:-2048} --tg 128 ) 2>&1 |
+                  --route model --pcie-frac ${FRACS:-1,auto} --pp ${PP:-2048} --tg 128 \
+                  ${OFFARGS:-} ) 2>&1 |
                 tee -a "$out/offmem.log"
         done ;;
     offtest)
@@ -114,10 +115,10 @@ for w in $what; do
         rm -f /tmp/strata-diag.gguf; tail -40 "$out/diag.log" ;;
     offload)
         df -h /tmp /dev/shm 2>&1 | tee "$out/offload.log"
-        timeout ${TOF:-500} stdbuf -oL "$d/bench_offload" --file /tmp/strata-syn.gguf \
+        timeout ${TOF:-500} stdbuf -oL "$d/bench_offload" --file ${OFFFILE:-/tmp/strata-syn.gguf} \
             --budget ${BUDGETS:-25,50} --route model --pcie-frac ${FRACS:-1,auto} \
             --pp ${PP:-2048} --tg 128 2>&1 | tee -a "$out/offload.log"
         echo "bench_offload: exit ${PIPESTATUS[0]}" | tee -a "$out/offload.log"
-        rm -f /tmp/strata-syn.gguf ;;
+        rm -f ${OFFFILE:-/tmp/strata-syn.gguf} ;;
     esac
 done
