@@ -191,6 +191,12 @@ int32_t strata_spec_n_past(const struct strata_spec *s)
  * (the first window of a size is not timed, so this is its third window). */
 #define SPEC_EXPLORE 2
 
+/* Decayed acceptance evidence (accepted drafts plus rejections) before a larger size
+ * is explored: about 5 windows (after 3 accepted windows of 1 draft alpha is already
+ * 0.79, and exploring a larger size on that evidence lost on text that repeats
+ * little). */
+#define SPEC_GROW_EVIDENCE 4
+
 /* Timed plain steps before the first window: the plain step is the unit of every
  * cost, and the first steps of a generation are often slower than the rest. */
 #define SPEC_PLAIN_FIRST 4
@@ -270,7 +276,7 @@ int strata_spec_backoff_choose(struct strata_spec_backoff *b)
         return 0; /* plain steps are measured first */
     double alpha = alpha_of(b);
     /* Sizes open to exploration: 1, and k + 1 once a measured k at least breaks even
-     * (sizes that ran stay open).  Not "pays": a batch's cost grows less with each
+     * at an acceptance learnt from about 5 windows or more (sizes that ran stay open).  Not "pays": a batch's cost grows less with each
      * position (a MoE's tokens share experts), so where 2 positions cost 1.8 plain
      * steps, 5 cost about 3.3 and pay at an acceptance where 2 do not.  An untried
      * size is estimated at a plain step's cost, so without this the first windows
@@ -278,7 +284,8 @@ int strata_spec_backoff_choose(struct strata_spec_backoff *b)
      * a target token (a draft model on the CPU). */
     int grow = 1, cap;
     for (int k = 1; k < b->n_max; k++)
-        if (b->n_win[k] >= SPEC_EXPLORE && yield_of(alpha, k) >= b->cost[k])
+        if (b->n_win[k] >= SPEC_EXPLORE && b->acc + b->rej >= SPEC_GROW_EVIDENCE &&
+            yield_of(alpha, k) >= b->cost[k])
             grow = k + 1;
     cap = grow;
     for (int k = grow + 1; k <= b->n_max; k++)

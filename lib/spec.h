@@ -52,7 +52,8 @@
  *     is accepted, so it is never taken, and while every size open to
  *     exploration is hopeless there is no probe for 4096 plain steps;
  *   - exploration starts with k = 1 alone; k + 1 opens once a measured k
- *     breaks even (E_k >= c_k); the newest open size is taken until it has 2
+ *     breaks even (E_k >= c_k) at an acceptance learnt from about 5 windows
+ *     or more; the newest open size is taken until it has 2
  *     timed windows, hopeless or not; the first window of each size is not
  *     timed (one-time costs), and 4 plain steps are timed before any window;
  *   - after w plain steps in a row one window probes with the best open size
