@@ -794,6 +794,12 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
         eo.expert_bytes = gx->rec;
         eo.adapt_every = gx->cfg.adapt_every;
         eo.pcie_frac = gx->frac_decode;
+        {
+            /* STRATA_EC_NO_PREFETCH_EVICT=1: prefetches take free slots only (A/B) */
+            const char *pe = getenv("STRATA_EC_NO_PREFETCH_EVICT");
+            if (pe && *pe && strcmp(pe, "0") != 0)
+                eo.prefetch_evict = 0;
+        }
         if (in->pack && strata_pack_dir(in->pack)) {
             if ((rc = strata_ec_profile_find(&prof, strata_pack_dir(in->pack), gx->L, gx->X,
                                              &found, err)))

@@ -760,7 +760,12 @@ static int map_file(struct gfile *f, struct arena *a, const char *path, struct s
         rc = strata_err_set(err, STRATA_E_IO, "'%s' is too large to map", path);
         goto out;
     }
-    f->map = mmap(NULL, (size_t)f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+    /* shared, read-only: the page cache's own pages.  A GPU backend registers the
+     * routed experts' pages for DMA; registering pages of a private mapping makes the
+     * kernel give the process copies of its own (unsharing them for the long-term pin),
+     * a second copy of every expert in anonymous memory (measured: 4.64 GB anonymous
+     * for 4.39 GB of experts), which a shared mapping avoids */
+    f->map = mmap(NULL, (size_t)f->size, PROT_READ, MAP_SHARED, fd, 0);
     if (f->map == MAP_FAILED) {
         f->map = NULL;
         rc = strata_err_set(err, STRATA_E_IO, "cannot map '%s': %s", path, strerror(errno));

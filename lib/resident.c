@@ -1270,7 +1270,8 @@ static int map_holes(struct strata_resident_att *a, char *why, size_t why_size,
             break;
         }
         void *want = (void *)(a->base + f->offset + h[i].off);
-        void *got = mmap(want, h[i].len, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd,
+        /* shared for the reason of lib/gguf.c's mapping (no private copies when pinned) */
+        void *got = mmap(want, h[i].len, PROT_READ, MAP_SHARED | MAP_FIXED, fd,
                          (off_t)h[i].off);
         if (got != want) {
             say(why, why_size, "ignoring resident image %s: cannot map '%s': %s", a->name,

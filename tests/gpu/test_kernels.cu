@@ -1164,7 +1164,7 @@ static void test_ops(void)
     test_attention(5, 200, 16, 16, 64, 3);
     test_attention(3, 517, 12, 3, 96, 9);  /* 8-bit output, odd shapes, 5 of 9 splits */
     test_attention(17, 120, 32, 4, 128, 32); /* a full verify window, 1 or 2 splits a row */
-    /* splits of at least 32 keys (STRATA_ATT_SHORT_SPLITS): short contexts split too */
+    /* splits of at least 32 keys (the backend's default): short contexts split too */
     test_attention(1, 40, 32, 4, 128, 32, 32);
     test_attention(1, 100, 32, 4, 128, 32, 32);
     test_attention(17, 50, 32, 4, 128, 32, 32);
