@@ -52,7 +52,7 @@ esac
 d=${2:-devrun-p}
 what=${3:-bench ncu offload}
 out=${OUT:-/tmp/strata-prof}
-[ -f "$d/bin.tar.xz" ] && tar -C "$d" -xJf "$d/bin.tar.xz"
+[ -f "$d/bin.tar.xz" ] && [ ! -x "$d/bench_gpu" ] && tar -C "$d" -xJf "$d/bin.tar.xz"
 # the fixtures the repository ships
 [ -d "$d/fixtures/models" ] && cp tests/data/*.gguf "$d/fixtures/models/"
 export LD_LIBRARY_PATH=$(cd "$d" && pwd)/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
