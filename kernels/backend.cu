@@ -748,30 +748,41 @@ out:
 }
 
 /* y [n, w->ne1] (+)= W x for n tokens, rows of x n_in floats apart. */
+#ifdef STRATA_GPU_CUDA
+/* y [n x ne1] (row stride y_stride) = beta y + x [n x ne0] W^T by cublasGemmEx, W [ne1 rows
+ * of ne0] of type wt at wd as stored, x of type xt at xd (row stride ldx), FP32 sums:
+ * column-major C [ne1 x n] = W^T-as-stored [ne1 x ne0] * X [ne0 x n]. */
+static int blas_gemm(struct gpu_state *s, const struct strata_k_weight *w, int n, const void *wd,
+                     cudaDataType wt, const void *xd, int64_t ldx, cudaDataType xt, float beta,
+                     float *y, int64_t y_stride, struct strata_err *err)
+{
+    const float one = 1.0f;
+    cublasStatus_t st = s->blas_gemm(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->ne1, n,
+                                     (int)w->ne0, &one, wd, wt, (int)w->ne0, xd, xt, (int)ldx,
+                                     &beta, y, CUDA_R_32F, (int)y_stride, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return strata_k_err(err, STRATA_E_GPU,
+                            "cublasGemmEx (%s) [%lld x %lld] x %d tokens on device %d (%s): "
+                            "status %d", wt == CUDA_R_32F ? "FP32" : "FP16", (long long)w->ne1,
+                            (long long)w->ne0, n, s->ctx.info.device, s->ctx.info.name, (int)st);
+    return strata_k_check(&s->ctx, "cublasGemmEx", dim3(1), dim3(1), err,
+                          "ne0=%lld ne1=%lld n=%d", (long long)w->ne0, (long long)w->ne1, n);
+}
+#endif
+
 static int proj(struct gpu_state *s, const struct strata_k_weight *w, const float *x,
                 int64_t x_stride, int n, float *y, int64_t y_stride, const float *add,
                 struct strata_err *err)
 {
 #ifdef STRATA_GPU_CUDA
     if (s->blas && s->blas_f32 && n > MATVEC_MAX && w->type == STRATA_TYPE_F32 && !add &&
-        w->nb1 == 4 * (size_t)w->ne0) {
+        w->nb1 == 4 * (size_t)w->ne0)
         /* F32 weights (the MoE router, 128 rows: too few for the f16 path's tiles, and
          * the built-in mat-mat kernel would give it only ne1 / 64 x n / 64 blocks) as
-         * stored, in FP32: column-major C [ne1 x n] = W^T [ne1 x ne0] * X [ne0 x n] */
-        const float one = 1.0f, zero = 0.0f;
-        cublasStatus_t st = s->blas_gemm(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->ne1, n,
-                                         (int)w->ne0, &one, w->data, CUDA_R_32F, (int)w->ne0,
-                                         x, CUDA_R_32F, (int)x_stride, &zero, y, CUDA_R_32F,
-                                         (int)y_stride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        if (st != CUBLAS_STATUS_SUCCESS)
-            return strata_k_err(err, STRATA_E_GPU,
-                                "cublasGemmEx (FP32) [%lld x %lld] x %d tokens on device %d (%s): "
-                                "status %d", (long long)w->ne1, (long long)w->ne0, n,
-                                s->ctx.info.device, s->ctx.info.name, (int)st);
-        return strata_k_check(&s->ctx, "cublasGemmEx", dim3(1), dim3(1), err,
-                              "F32 ne0=%lld ne1=%lld n=%d", (long long)w->ne0, (long long)w->ne1,
-                              n);
-    }
+         * stored, in FP32 */
+        return blas_gemm(s, w, n, w->data, CUDA_R_32F, x, x_stride, CUDA_R_32F, 0.0f, y,
+                         y_stride, err);
     if (s->blas && n > MATVEC_MAX && (!add || add == y) && w->ne0 % 8 == 0 && y_stride % 4 == 0 &&
         (size_t)(w->ne0 * w->ne1) <= s->wh_cap && (size_t)(w->ne0 * n) <= s->xh_cap &&
         w->ne1 >= 256) {
@@ -780,19 +791,8 @@ static int proj(struct gpu_state *s, const struct strata_k_weight *w, const floa
             rc = strata_k_to_f16(&s->ctx, x, x_stride, n, (int)w->ne0, s->xh, err);
         if (rc)
             return rc;
-        /* column-major: C [ne1 x n] (ldc y_stride) = W^T-as-stored [ne1 x ne0] * X [ne0 x n] */
-        const float one = 1.0f, beta = add ? 1.0f : 0.0f;
-        cublasStatus_t st = s->blas_gemm(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->ne1, n,
-                                         (int)w->ne0, &one, s->wh, CUDA_R_16F, (int)w->ne0,
-                                         s->xh, CUDA_R_16F, (int)w->ne0, &beta, y, CUDA_R_32F,
-                                         (int)y_stride, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-        if (st != CUBLAS_STATUS_SUCCESS)
-            return strata_k_err(err, STRATA_E_GPU,
-                                "cublasGemmEx [%lld x %lld] x %d tokens on device %d (%s): "
-                                "status %d", (long long)w->ne1, (long long)w->ne0, n,
-                                s->ctx.info.device, s->ctx.info.name, (int)st);
-        return strata_k_check(&s->ctx, "cublasGemmEx", dim3(1), dim3(1), err,
-                              "ne0=%lld ne1=%lld n=%d", (long long)w->ne0, (long long)w->ne1, n);
+        return blas_gemm(s, w, n, s->wh, CUDA_R_16F, s->xh, w->ne0, CUDA_R_16F, add ? 1.0f : 0.0f,
+                         y, y_stride, err);
     }
 #endif
     if (n > MATVEC_MAX && w->ne0 % 64 == 0) {
