@@ -36,28 +36,7 @@
 #include "model.h"
 #include "synth.h"
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* bench_offload's generator and seed: the same ids for the same counts */
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static uint32_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 32);
-}
-
-static int32_t rnd_below(int32_t n)
-{
-    return (int32_t)(((uint64_t)rnd() * (uint64_t)n) >> 32);
-}
+#include "bench_ids.h"
 
 /* ---- traces ---- */
 
@@ -202,14 +181,14 @@ static int record(const char *path, int layers, int n_prompt, int n_tok, int n_t
     struct trace t = {0};
     struct rec_ctx rc_ctx = {&t, 0};
     int32_t *ids = NULL;
-    double t0 = now();
+    double t0 = bench_now();
     int rc = strata_synth_build(&so, &buf, &size, &err);
     if (!rc)
         rc = strata_gguf_open_mem(&g, buf, size, so.shape, &err);
     if (rc)
         goto out;
     fprintf(stderr, "synthetic %s, %d layers, %s: %.2f GB built in %.1f s\n", so.shape,
-            layers, so.ftype, size / 1e9, now() - t0);
+            layers, so.ftype, size / 1e9, bench_now() - t0);
     struct strata_engine_opts o;
     strata_engine_opts_init(&o);
     o.n_threads = n_threads;
@@ -231,22 +210,22 @@ static int record(const char *path, int layers, int n_prompt, int n_tok, int n_t
         goto out;
     }
     for (long i = 0; i < skip; i++)
-        (void)rnd_below(nv);
+        (void)bench_rnd_below(nv);
     for (int i = 0; i < n_prompt; i++)
-        ids[i] = rnd_below(nv);
-    t0 = now();
+        ids[i] = bench_rnd_below(nv);
+    t0 = bench_now();
     if (n_prompt > 0 &&
         ((rc = strata_engine_eval(e, ids, n_prompt, STRATA_LOGITS_NONE, NULL, &err)) ||
          (rc = strata_engine_rollback(e, 0, &err))))
         goto out;
-    fprintf(stderr, "prompt of %d tokens: %.1f s\n", n_prompt, now() - t0);
+    fprintf(stderr, "prompt of %d tokens: %.1f s\n", n_prompt, bench_now() - t0);
     for (int i = 0; i < n_tok; i++)
-        ids[i] = rnd_below(nv);
-    t0 = now();
+        ids[i] = bench_rnd_below(nv);
+    t0 = bench_now();
     for (int i = 0; i < n_tok && !rc; i++) {
         rc = strata_engine_eval(e, ids + i, 1, STRATA_LOGITS_NONE, NULL, &err);
         if (i == 0 || (i + 1) % 32 == 0)
-            fprintf(stderr, "decoded %d tokens: %.2f s/token\n", i + 1, (now() - t0) / (i + 1));
+            fprintf(stderr, "decoded %d tokens: %.2f s/token\n", i + 1, (bench_now() - t0) / (i + 1));
     }
     if (rc)
         goto out;

@@ -38,28 +38,7 @@
 #include "probe.h"
 #include "synth.h"
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-
-static uint32_t rnd(void)
-{
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 32);
-}
-
-/* uniform in [0, n) */
-static int32_t rnd_below(int32_t n)
-{
-    return (int32_t)(((uint64_t)rnd() * (uint64_t)n) >> 32);
-}
+#include "../bench/bench_ids.h"
 
 static void sink(int level, const char *msg, void *ud)
 {
@@ -173,7 +152,7 @@ int main(int argc, char **argv)
         else if (i + 1 < argc && !strcmp(argv[i], "--pcie-gbs")) pcie_gbs = atof(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--file")) file = argv[++i];
         else if (i + 1 < argc && !strcmp(argv[i], "--seed"))
-            rng_state = strtoull(argv[++i], NULL, 0) | 1;
+            bench_rng_state = strtoull(argv[++i], NULL, 0) | 1;
         else {
             fprintf(stderr, "usage: bench_offload [--shape S] [--layers N] [--ftype F] "
                     "[--pp P,...] [--tg T] [--prefill CHUNK] [--budget PCT,...] "
@@ -204,7 +183,7 @@ int main(int argc, char **argv)
     size_t size = 0;
     struct strata_gguf *g = NULL;
     struct strata_model *mm = NULL;
-    double t0 = now();
+    double t0 = bench_now();
     int rc;
     if (file) {
         FILE *f = fopen(file, "rb");
@@ -229,7 +208,7 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("synthetic %s, %d layers, %s: %.2f GB built in %.1f s\n", shape, layers, ftype,
-           size / 1e9, now() - t0);
+           size / 1e9, bench_now() - t0);
     /* bytes of one expert record per layer, and the routed experts in all */
     double *rec = calloc(mm->hp.n_layer, sizeof(double));
     int n_moe = 0;
@@ -248,7 +227,7 @@ int main(int argc, char **argv)
     printf("CPU memory read bandwidth %.1f GB/s (%d threads); PCIe %.1f GB/s assumed for the "
            "floor; %d MoE layers x %d experts, top-%u; random token ids (seed %#llx)\n",
            cpu_gbs, n_threads, pcie_gbs, n_moe, n_expert, mm->hp.n_expert_used,
-           (unsigned long long)rng_state);
+           (unsigned long long)bench_rng_state);
     char bl[256], fl[256], rl[256];
     int failed = 0;
     snprintf(bl, sizeof bl, "%s", budgets);
@@ -280,9 +259,9 @@ int main(int argc, char **argv)
                     unsetenv("STRATA_EC_ROUTE");
                 struct strata_engine *e = NULL;
                 strata_log_set_sink(sink, NULL);
-                t0 = now();
+                t0 = bench_now();
                 rc = strata_engine_open_gguf(&e, g, &o, &err);
-                double t_open = now() - t0;
+                double t_open = bench_now() - t0;
                 int nv = rc ? 0 : strata_engine_n_vocab(e);
                 int n_ids = pp_max > tg ? pp_max : tg;
                 int32_t *ids = malloc(sizeof(int32_t) * (size_t)n_ids);
@@ -292,7 +271,7 @@ int main(int argc, char **argv)
                 printf("budget %s%% (%d of %d experts), pcie_frac %s, %s routing: open %.1f s\n",
                        bs, cfg.slots, n_moe * n_expert, fs, rs, t_open);
                 for (int i = 0; !rc && i < 64; i++)
-                    ids[i] = rnd_below(nv);
+                    ids[i] = bench_rnd_below(nv);
                 if (!rc)
                     rc = strata_engine_eval(e, ids, 64, STRATA_LOGITS_LAST, logits, &err);
                 /* decode first, then the prompts: a phase that fails is reported and the
@@ -303,18 +282,18 @@ int main(int argc, char **argv)
                     int n = p < 0 ? tg : pp_list[p];
                     snprintf(name, sizeof name, p < 0 ? "tg%d" : "pp%d", n);
                     for (int i = 0; i < n; i++)
-                        ids[i] = rnd_below(nv);
+                        ids[i] = bench_rnd_below(nv);
                     if ((rc = strata_engine_rollback(e, 0, &err)))
                         break;
                     strata_engine_expert_stats_reset(e);
-                    double a = now();
+                    double a = bench_now();
                     if (p < 0)
                         for (int i = 0; i < n && !rc; i++)
                             rc = strata_engine_eval(e, ids + i, 1, STRATA_LOGITS_LAST, logits,
                                                     &err);
                     else
                         rc = strata_engine_eval(e, ids, n, STRATA_LOGITS_LAST, logits, &err);
-                    double t = now() - a;
+                    double t = bench_now() - a;
                     if (rc) {
                         printf("  %-7s failed: %s\n", name, err.msg);
                         break;
