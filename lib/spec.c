@@ -386,10 +386,12 @@ void strata_spec_backoff_learn(struct strata_spec_backoff *b, int k, int a, doub
         } else if (a > 0 && a + 1 >= est_cost(b, k)) {
             /* it paid (its tokens at its size's usual cost at least match plain
              * steps): the text has changed since drafting stopped, so the rejections
-             * that stopped it are forgotten, and the next window probes again at once,
-             * until one does not pay or the acceptance makes windows worth drafting */
-            b->plain_run = b->probe_every;
+             * that stopped it are forgotten, and while the acceptance has less evidence
+             * than exploring a larger window needs, the next window probes again at
+             * once (a chain of probes that pay is about break-even, so it ends there) */
             b->rej = 0;
+            if (0.9 * b->acc + a + (a < k) < SPEC_GROW_EVIDENCE) /* after this window */
+                b->plain_run = b->probe_every;
         } else {
             lengthen_wait(b); /* it did not */
         }

@@ -60,7 +60,8 @@
  *     that is not hopeless: w = 16, doubled each time drafting stops without
  *     having paid for itself, up to 4096, and at least 100 times the draft's
  *     catch-ups (in plain steps) since drafting last paid; a probe that pays is
- *     followed by another at once; 4 steps when the draft proposed nothing (an
+ *     followed by another at once while the acceptance has less evidence than
+ *     growing needs; 4 steps when the draft proposed nothing (an
  *     n-gram search without a match is all such a probe costs);
  *   - after 64 drafting windows in a row one plain step re-times the plain
  *     step.
