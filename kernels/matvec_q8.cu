@@ -116,11 +116,12 @@ __global__ void quantize_q8_kernel(const float *x, int64_t x_stride, int n, int 
 
 /* The same row with every value loaded once, up front: thread i owns the 8-value chunks
  * i, i + blockDim.x, ... (at most QF_CHUNKS of them, so n <= 8 * QF_CHUNKS * blockDim.x),
- * x and the norm weight of all of them in flight at once, the sum of squares of its own
- * values in chunk order, then strata_block_sum's fixed tree.  Four consecutive threads
- * hold a 32-value block (n % 32 == 0 and blockDim.x % 4 == 0), whose scale takes two
- * shuffles.  One global round trip instead of the three of norm_q8_row.  Needs x, w,
- * y 16-byte aligned and x_stride % 4 == 0. */
+ * x and the norm weight of all of them in flight at once; the sum of squares reads x
+ * again in rms_norm_kernel's thread-strided order (loads independent of the first ones,
+ * so both are in flight together), then strata_block_sum's fixed tree.  Four
+ * consecutive threads hold a 32-value block (n % 32 == 0 and blockDim.x % 4 == 0), whose
+ * scale takes two shuffles.  No dependent global round trips, against the three of
+ * norm_q8_row.  Needs x, w, y 16-byte aligned and x_stride % 4 == 0. */
 #define QF_CHUNKS 4
 __global__ void __launch_bounds__(STRATA_GPU_BLOCK)
 quantize_q8_fast_kernel(const float *x, int64_t x_stride, int n, int norm,
@@ -156,11 +157,13 @@ quantize_q8_fast_kernel(const float *x, int64_t x_stride, int n, int norm,
     }
     float sc = 1.0f;
     if (norm) {
-#pragma unroll
-        for (int j = 0; j < QF_CHUNKS; j++)
-#pragma unroll
-            for (int i = 0; i < 8; i++)
-                s = fmaf(v[j][i], v[j][i], s);
+        /* the sum of squares in rms_norm_kernel's (and norm_q8_row's) thread-strided
+         * order, not in chunk order: the rows must equal theirs bitwise (the fused norm
+         * of the mat-vec epilogue and this kernel both serve decode and verify batches,
+         * and which one a row gets may differ: expert offload's CPU/streamed layers) */
+#pragma unroll 4
+        for (int i = threadIdx.x; i < n; i += blockDim.x)
+            s = fmaf(xr[i], xr[i], s);
         s = strata_block_sum(s, scratch);
         sc = rsqrtf(s / (float)n + eps);
     }

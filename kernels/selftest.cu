@@ -629,6 +629,21 @@ static int c_quantize_q8(int dev, int arg, char *shapes, size_t sc, char *msg, s
     st_down(&s, got, dy, sizeof(float) * n * rows);
     st_down(&s, q, dq, rb * rows);
     st_compare(&s, "quantize_q8 (normed rows)", got, ref, (size_t)n * rows, 1e-6, 1e-5);
+    /* the normed rows bitwise those of rms_norm (the header's contract: a decode and a
+     * verify window may normalise a row with either kernel, or the fused epilogue) */
+    float *rn = (float *)st_host(&s, sizeof(float) * n * rows);
+    float *drn = (float *)st_dev(&s, sizeof(float) * n * rows);
+    if (!s.rc) {
+        struct strata_err err = {0, ""};
+        int rc = strata_k_rms_norm(&s.ctx, dx, dw, drn, n, rows, 1e-6f, &err);
+        st_launched(&s, "rms_norm", rc, &err, drn, sizeof(float) * n * rows);
+    }
+    st_down(&s, rn, drn, sizeof(float) * n * rows);
+    for (int i = 0; i < n * rows && !s.rc; i++)
+        if (memcmp(&got[i], &rn[i], sizeof(float)) != 0)
+            st_fail(&s, STRATA_SELFTEST_WRONG,
+                    "quantize_q8: row %d value %d is %a, rms_norm's %a (must be equal bitwise)",
+                    i / n, i % n, got[i], rn[i]);
     if (s.rc)
         return st_end(&s);
     /* each value within half a quantisation step of the normed row */
