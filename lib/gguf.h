@@ -132,7 +132,7 @@ const void *strata_gguf_shard_base(const struct strata_gguf *g, uint32_t i);
 
 /* Drop this process's pages of [p, p + n) when the range lies inside a shard that is
  * mapped from its file (not an in-memory image): the whole pages inside the range
- * leave the resident set (madvise MADV_DONTNEED on the read-only private mapping);
+ * leave the resident set (madvise MADV_DONTNEED on the read-only shared mapping);
  * a later read faults them in again from the page cache or the file, with the same
  * bytes.  For callers that copied tensors elsewhere (a GPU's VRAM) and will not read
  * them on the host again soon.  Returns the bytes dropped (0: not file-mapped, too

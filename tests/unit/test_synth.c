@@ -154,15 +154,16 @@ static void check_forward(void)
     free(buf);
 }
 
-/* RssFile of /proc/self/status in kB, -1 when absent */
+/* RssFile + RssShmem of /proc/self/status in kB (a file on tmpfs, as /tmp may be, is
+ * counted as shared memory), -1 when absent */
 static long rss_file_kb(void)
 {
     FILE *f = fopen("/proc/self/status", "r");
     char line[256];
     long v = -1;
     while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "RssFile:", 8))
-            v = atol(line + 8);
+        if (!strncmp(line, "RssFile:", 8) || !strncmp(line, "RssShmem:", 9))
+            v = (v < 0 ? 0 : v) + atol(line + (line[3] == 'F' ? 8 : 9));
     if (f)
         fclose(f);
     return v;
