@@ -438,7 +438,8 @@ static void host_pageout(const struct strata_model *m, const void *p, size_t byt
 static void release_host_weights(const struct gpu_state *s)
 {
     const struct strata_model *m = s->m;
-    if (getenv("STRATA_KEEP_HOST_WEIGHTS"))
+    const char *keep = getenv("STRATA_KEEP_HOST_WEIGHTS");
+    if (keep && *keep && strcmp(keep, "0") != 0)
         return;
     host_pageout(m, m->tok_embd.data, weight_bytes(&m->tok_embd));
     if (m->output.data != m->tok_embd.data)
