@@ -75,6 +75,39 @@ void strata_spec_opts_init(struct strata_spec_opts *o)
     o->adaptive = 1;
 }
 
+/* Time a plain step and a window of one draft's verify on s->e, past its kv cache
+ * (rolled back to n_past after each): one untimed pair, then the fastest of 5 of each
+ * (a shared machine's preemptions only ever slow a call down); seed the back-off with
+ * (window + the draft's step) / plain step. */
+static int calibrate(struct strata_spec *s, int32_t n_past, struct strata_err *err)
+{
+    /* two different tokens: a MoE routes two equal ones to the same experts, and a
+     * window of 0, 0 cost 1.6 plain steps where real windows cost 2 */
+    const int32_t ids[2] = { s->n_vocab / 3, 2 * (s->n_vocab / 3) };
+    double t1 = 0, t2 = 0;
+    int rc = 0;
+    for (int i = 0; i < 6 && !rc; i++) {
+        double ta = now_ms();
+        if ((rc = strata_engine_eval(s->e, ids, 1, STRATA_LOGITS_LAST, s->rows, err)))
+            break;
+        double tb = now_ms();
+        if ((rc = strata_engine_rollback(s->e, n_past, err)))
+            break;
+        double tc = now_ms();
+        if ((rc = strata_engine_eval(s->e, ids, 2, STRATA_LOGITS_ALL, s->rows, err)))
+            break;
+        double td = now_ms();
+        rc = strata_engine_rollback(s->e, n_past, err);
+        if (i == 1 || (i > 1 && tb - ta < t1))
+            t1 = tb - ta;
+        if (i == 1 || (i > 1 && td - tc < t2))
+            t2 = td - tc;
+    }
+    if (!rc && t1 > 0)
+        strata_spec_backoff_seed(&s->bo, 1, (t2 + s->draft.step_ms) / t1);
+    return rc;
+}
+
 int strata_spec_create(struct strata_spec **out, struct strata_engine *target,
                        const struct strata_spec_opts *o, struct strata_err *err)
 {
@@ -139,6 +172,19 @@ int strata_spec_create(struct strata_spec **out, struct strata_engine *target,
                 strata_err_wrap(err, "speculative warm-up (a %d-token window): ", n);
                 goto out;
             }
+        }
+        /* Calibration with a draft model: a window of one draft (2 positions, every
+         * row's logits, and a draft step) against a plain step, past the kv cache and
+         * rolled back (calibrate).  The back-off could learn it only by drafting, and the first
+         * drafting window catches the draft up on the whole prompt: 7-8 ms for 142
+         * tokens with tinydraft on 2 threads, where windows of one draft cost 1.9
+         * plain steps and can never pay.  On the CPU only: a device's windows cost
+         * about a step, and a draft step timed too slow there would close drafting
+         * where it pays. */
+        if (s->draft.step_ms > 0 && o->adaptive && n_big >= 2 && be &&
+            strcmp(be, "cpu") == 0 && (rc = calibrate(s, n_past, err))) {
+            strata_err_wrap(err, "speculative calibration: ");
+            goto out;
         }
     }
     *out = s;
@@ -276,12 +322,13 @@ int strata_spec_backoff_choose(struct strata_spec_backoff *b)
         return 0; /* plain steps are measured first */
     double alpha = alpha_of(b);
     /* Sizes open to exploration: 1, and k + 1 once a measured k at least breaks even
-     * at an acceptance learnt from about 5 windows or more (sizes that ran stay open).  Not "pays": a batch's cost grows less with each
-     * position (a MoE's tokens share experts), so where 2 positions cost 1.8 plain
-     * steps, 5 cost about 3.3 and pay at an acceptance where 2 do not.  An untried
-     * size is estimated at a plain step's cost, so without this the first windows
-     * would be drafted at T, which loses where a draft token costs about as much as
-     * a target token (a draft model on the CPU). */
+     * at an acceptance learnt from about 5 windows or more (sizes that ran stay
+     * open).  Not "pays": a batch's cost grows less with each position (a MoE's
+     * tokens share experts), so where 2 positions cost 1.8 plain steps, 5 cost about
+     * 3.3 and pay at an acceptance where 2 do not.  An untried size is estimated at
+     * a plain step's cost, so without this the first windows would be drafted at T,
+     * which loses where a draft token costs about as much as a target token (a
+     * draft model on the CPU). */
     int grow = 1, cap;
     for (int k = 1; k < b->n_max; k++)
         if (b->n_win[k] >= SPEC_EXPLORE && b->acc + b->rej >= SPEC_GROW_EVIDENCE &&
@@ -330,6 +377,16 @@ int strata_spec_backoff_choose(struct strata_spec_backoff *b)
     if (best > 0)
         b->plain_run = 0;
     return best;
+}
+
+void strata_spec_backoff_seed(struct strata_spec_backoff *b, int k, double cost)
+{
+    if (k < 1 || k > b->n_max || !(cost > 0))
+        return;
+    for (int i = 0; i < SPEC_EXPLORE; i++)
+        b->samp[k][i] = cost;
+    b->n_win[k] = SPEC_EXPLORE;
+    b->cost[k] = cost; /* seen[k] stays 0: the first real window is not timed */
 }
 
 void strata_spec_backoff_learn(struct strata_spec_backoff *b, int k, int a, double ms,

@@ -67,6 +67,9 @@
  *     step.
  * The draft does not run during plain steps: before a probe a draft model
  * catches up on them (propose with n_max 0), timed apart as the probe's cost.
+ * With a draft model on the CPU, c_1 is timed before the generation
+ * (strata_spec_create) and seeded as if explored: where it is hopeless no
+ * window drafts at all.
  * The choice depends on timings; the output never does.
  */
 #ifndef STRATA_SPEC_H
@@ -135,6 +138,8 @@ struct strata_spec_draft {
     int (*propose)(void *state, const int32_t *hist, int32_t n_hist, int32_t n_max,
                    int32_t *out, int32_t *n_out, struct strata_err *err);
     void (*free)(void *state); /* may be NULL */
+    double step_ms; /* ms one drafted token costs, measured when the draft was made
+                       (a draft model's single step); 0: not measured */
 };
 
 /* Prompt lookup over hist (see above): *n_out tokens copied from after the
@@ -174,8 +179,10 @@ struct strata_spec;
  * o->draft, else n-gram).  *out is owned by the caller (strata_spec_free).
  * On a backend other than "cpu" with n_max > 0 each window size 2..n_max + 1
  * is evaluated once past target's kv cache and rolled back (a GPU backend
- * captures a graph per size on first use): target's kv cache and history are
- * left as they were.  Errors: STRATA_E_INVALID (n_max outside 0..16, mode
+ * captures a graph per size on first use), and with a draft model (and the
+ * back-off on) a window of one draft is timed against a plain step the same
+ * way (strata_spec_backoff_seed): target's kv cache and history are left as
+ * they were.  Errors: STRATA_E_INVALID (n_max outside 0..16, mode
  * DRAFT without a draft engine, mismatched vocabularies; names it),
  * STRATA_E_UNSUPPORTED (mtp), STRATA_E_NOMEM, engine errors of the warm-ups
  * (wrapped "speculative warm-up"). */
@@ -248,6 +255,14 @@ void strata_spec_backoff_init(struct strata_spec_backoff *b, int n_max, int adap
  * window and report the window's outcome with strata_spec_backoff_learn before
  * the next call: it advances the model's run and probe counters. */
 int strata_spec_backoff_choose(struct strata_spec_backoff *b);
+
+/* Seed the cost of a window of k drafts (1..n_max), in plain steps, from a
+ * measurement made before the generation: it counts as that size's exploring
+ * windows.  strata_spec_create times a window of one draft against a plain step
+ * when the draft is a model (step_ms > 0), so a CPU where such a window is
+ * hopeless never drafts, not even to explore (whose first window would catch
+ * the draft up on the whole prompt). */
+void strata_spec_backoff_seed(struct strata_spec_backoff *b, int k, double cost);
 
 /* The window that followed the last choice held k drafts (0..n_max; fewer than
  * chosen when the draft proposed fewer), a of them were accepted (0..k; -1: the

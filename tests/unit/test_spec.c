@@ -208,7 +208,7 @@ static void greedy(const char *name, const char *draft_name, size_t n_prompts)
             memcpy(full, ids, sizeof *ids * n);
             memcpy(full + n, plain.res.ids, sizeof *full * (size_t)plain.res.n_gen);
             struct fixed f = { full, (int32_t)n + plain.res.n_gen, -1 };
-            struct strata_spec_draft fd = { "oracle", &f, fixed_propose, NULL };
+            struct strata_spec_draft fd = { "oracle", &f, fixed_propose, NULL, 0 };
             struct strata_spec_opts so;
             strata_spec_opts_init(&so);
             so.n_max = 4;
@@ -649,6 +649,23 @@ static void backoff(void)
            "back-off, MoE costs on a CPU, acceptance 0.9: speed %.3f (>= 1.10; k = 1 alone "
            "would give %.3f), %d of %d windows drafted", bo_speed(&m), 1.9 / 1.8,
            m.n_drafting, m.n_windows);
+    }
+    /* a seeded cost (strata_spec_create's calibration with a draft model): a hopeless
+     * window of 1 draft is not even explored; a cheap one is drafted from the start */
+    for (int cheap = 0; cheap <= 1; cheap++) {
+        struct strata_spec_backoff b;
+        strata_spec_backoff_init(&b, 4, 1);
+        strata_spec_backoff_seed(&b, 1, cheap ? 1.05 : 1.95);
+        int drafted = 0;
+        for (int i = 0; i < 1000; i++) {
+            int k = strata_spec_backoff_choose(&b);
+            drafted += k > 0;
+            double cost = k == 0 ? 1 : (cheap ? 1.05 : 1.95) + 0.9 * (k - 1);
+            strata_spec_backoff_learn(&b, k, k > 0 ? k : 0, cost, 0);
+        }
+        ok(cheap ? drafted >= 900 : drafted == 0, "back-off, window of 1 draft seeded at %.2f "
+           "plain steps, every draft accepted: %d of 1000 windows drafted (%s)",
+           cheap ? 1.05 : 1.95, drafted, cheap ? ">= 900" : "none");
     }
     /* fixed windows: always T */
     {
