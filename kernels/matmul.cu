@@ -11,9 +11,6 @@
 
 #include "dequant.cuh"
 
-#include <stdlib.h>
-#include <string.h>
-
 #define BM STRATA_K_MM_BM
 #define BN STRATA_K_MM_BN
 #define BK 64
@@ -30,7 +27,6 @@ struct mm_params {
     float *y;
     int64_t y_stride;
     const float *add;
-    int pf; /* prefetch the weights of step k0 + 2 BK into L2 (STRATA_NO_MM_PREFETCH=1: 0) */
 };
 
 template <int T>
@@ -121,18 +117,6 @@ __global__ void __launch_bounds__(MM_THREADS) mm_kernel(struct mm_params p)
 #endif
 
     for (int k0 = 0; k0 < p.ne0; k0 += BK) {
-#ifdef STRATA_GPU_CUDA
-        /* the weights two steps on: one L2 prefetch per row (and matrix) of the tile, at
-         * the byte where that step's values lie (row bytes are proportional to values
-         * for every block type); the loads of that step then find them in L2 instead of
-         * waiting on memory, since nothing else hides their latency here */
-        if (p.pf && k0 + 2 * BK < p.ne0 && tid < (GLU ? 2 * BM : BM)) {
-            const int rr = tid % BM, row = min(r0 + rr, p.ne1 - 1);
-            const size_t off = (size_t)row * p.nb1 + (size_t)(k0 + 2 * BK) * p.nb1 / (size_t)p.ne0;
-            const uint8_t *a = (GLU && tid >= BM ? u : w) + off;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-        }
-#endif
         __syncthreads();
         load_w<T>(as, w, p.nb1, r0, p.ne1, k0, p.ne0);
         if (GLU)
@@ -279,12 +263,6 @@ int strata_k_matmul(struct strata_gpu_ctx *ctx, const struct strata_k_mm_args *a
     p.y = a->y;
     p.y_stride = a->y_stride;
     p.add = a->add;
-    static int pf = -1;
-    if (pf < 0) {
-        const char *e = getenv("STRATA_NO_MM_PREFETCH");
-        pf = !(e && *e && strcmp(e, "0") != 0);
-    }
-    p.pf = pf;
     unsigned gy = a->tiles ? (unsigned)a->max_tiles : (unsigned)((a->n_tok + BN - 1) / BN);
     dim3 grid((unsigned)((w->ne1 + BM - 1) / BM), gy), block(MM_THREADS);
     switch (w->type) {

@@ -114,92 +114,6 @@ __global__ void quantize_q8_kernel(const float *x, int64_t x_stride, int n, int 
                        y ? y + (int64_t)blockIdx.x * n : NULL, yq + blockIdx.x * yq_row, scratch);
 }
 
-/* The same row with every value loaded once, up front: thread i owns the 8-value chunks
- * i, i + blockDim.x, ... (at most QF_CHUNKS of them, so n <= 8 * QF_CHUNKS * blockDim.x),
- * x and the norm weight of all of them in flight at once; the sum of squares reads x
- * again in rms_norm_kernel's thread-strided order (loads independent of the first ones,
- * so both are in flight together), then strata_block_sum's fixed tree.  Four
- * consecutive threads hold a 32-value block (n % 32 == 0 and blockDim.x % 4 == 0), whose
- * scale takes two shuffles.  No dependent global round trips, against the three of
- * norm_q8_row.  Needs x, w, y 16-byte aligned and x_stride % 4 == 0. */
-#define QF_CHUNKS 4
-__global__ void __launch_bounds__(STRATA_GPU_BLOCK)
-quantize_q8_fast_kernel(const float *x, int64_t x_stride, int n, int norm,
-                        const float *__restrict__ w, float eps, float *y, uint8_t *yq,
-                        size_t yq_row)
-{
-    __shared__ float scratch[STRATA_GPU_MAX_WARP];
-    strata_pdl_wait();
-    strata_pdl_trigger();
-    const float *xr = x + (int64_t)blockIdx.x * x_stride;
-    float *yr = y ? y + (int64_t)blockIdx.x * n : NULL;
-    uint8_t *q = yq + blockIdx.x * yq_row;
-    const int nc = n / 8;
-    float v[QF_CHUNKS][8], wv[QF_CHUNKS][8];
-    float s = 0.0f;
-#pragma unroll
-    for (int j = 0; j < QF_CHUNKS; j++) {
-        const int c = threadIdx.x + j * blockDim.x;
-        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a, wa = make_float4(1.0f, 1.0f, 1.0f, 1.0f),
-               wb = wa;
-        if (c < nc) {
-            a = *(const float4 *)(xr + 8 * c);
-            b = *(const float4 *)(xr + 8 * c + 4);
-            if (norm && w) {
-                wa = *(const float4 *)(w + 8 * c);
-                wb = *(const float4 *)(w + 8 * c + 4);
-            }
-        }
-        v[j][0] = a.x; v[j][1] = a.y; v[j][2] = a.z; v[j][3] = a.w;
-        v[j][4] = b.x; v[j][5] = b.y; v[j][6] = b.z; v[j][7] = b.w;
-        wv[j][0] = wa.x; wv[j][1] = wa.y; wv[j][2] = wa.z; wv[j][3] = wa.w;
-        wv[j][4] = wb.x; wv[j][5] = wb.y; wv[j][6] = wb.z; wv[j][7] = wb.w;
-    }
-    float sc = 1.0f;
-    if (norm) {
-        /* the sum of squares in rms_norm_kernel's (and norm_q8_row's) thread-strided
-         * order, not in chunk order: the rows must equal theirs bitwise (the fused norm
-         * of the mat-vec epilogue and this kernel both serve decode and verify batches,
-         * and which one a row gets may differ: expert offload's CPU/streamed layers) */
-#pragma unroll 4
-        for (int i = threadIdx.x; i < n; i += blockDim.x)
-            s = fmaf(xr[i], xr[i], s);
-        s = strata_block_sum(s, scratch);
-        sc = rsqrtf(s / (float)n + eps);
-    }
-#pragma unroll
-    for (int j = 0; j < QF_CHUNKS; j++) {
-        const int c = threadIdx.x + j * blockDim.x;
-        float amax = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            if (norm)
-                v[j][i] = v[j][i] * sc * wv[j][i];
-            amax = fmaxf(amax, fabsf(v[j][i]));
-        }
-        amax = fmaxf(amax, STRATA_SHFL_XOR(amax, 1));
-        amax = fmaxf(amax, STRATA_SHFL_XOR(amax, 2));
-        const float d = amax / 127.0f;
-        if (c < nc) {
-            if (yr) {
-                *(float4 *)(yr + 8 * c) = make_float4(v[j][0], v[j][1], v[j][2], v[j][3]);
-                *(float4 *)(yr + 8 * c + 4) = make_float4(v[j][4], v[j][5], v[j][6], v[j][7]);
-            }
-            uint32_t lo = 0, hi = 0;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                lo |= (uint32_t)(uint8_t)(int8_t)(d > 0.0f ? __float2int_rn(v[j][i] / d) : 0)
-                      << (8 * i);
-                hi |= (uint32_t)(uint8_t)(int8_t)(d > 0.0f ? __float2int_rn(v[j][4 + i] / d) : 0)
-                      << (8 * i);
-            }
-            *(uint2 *)(q + 8 * c) = make_uint2(lo, hi);
-            if (c % 4 == 0)
-                ((float *)(q + n))[c / 4] = d;
-        }
-    }
-}
-
 int strata_k_quantize_q8(struct strata_gpu_ctx *ctx, const float *x, int64_t x_stride, int n,
                          int n_rows, int norm, const float *w, float eps, float *y, void *yq,
                          struct strata_err *err)
@@ -211,18 +125,6 @@ int strata_k_quantize_q8(struct strata_gpu_ctx *ctx, const float *x, int64_t x_s
     if ((uintptr_t)yq & 15 || (uintptr_t)y & 15)
         return strata_k_err(err, STRATA_E_INVALID, "quantize_q8: output not 16-byte aligned");
     dim3 grid((unsigned)n_rows), block(STRATA_GPU_BLOCK);
-    static int slow = -1; /* STRATA_NO_FASTQ=1: the three-pass kernel */
-    if (slow < 0) {
-        const char *e = getenv("STRATA_NO_FASTQ");
-        slow = e && *e && strcmp(e, "0") != 0;
-    }
-    if (!slow && n <= 8 * QF_CHUNKS * STRATA_GPU_BLOCK && !((uintptr_t)x & 15) &&
-        !(x_stride & 3) && !((uintptr_t)w & 15)) {
-        strata_k_launch(ctx, quantize_q8_fast_kernel, grid, block, x, x_stride, n, norm, w, eps,
-                        y, (uint8_t *)yq, strata_k_q8_row_bytes(n));
-        return strata_k_check(ctx, "quantize_q8_fast_kernel", grid, block, err,
-                              "n=%d n_rows=%d norm=%d", n, n_rows, norm);
-    }
     strata_k_launch(ctx, quantize_q8_kernel, grid, block, x, x_stride, n, norm, w, eps, y,
                     (uint8_t *)yq, strata_k_q8_row_bytes(n));
     return strata_k_check(ctx, "quantize_q8_kernel", grid, block, err, "n=%d n_rows=%d norm=%d",

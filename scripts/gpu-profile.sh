@@ -75,7 +75,7 @@ for w in $what; do
         grep -E "^not ok" "$out/test_golden.log" | head -30
         echo "test_golden: $(grep -c '^ok' "$out/test_golden.log") ok, $(grep -c '^not ok' "$out/test_golden.log") not ok" ;;
     ab)
-        timeout 200 "$d/bench_gpu" --tg 128 --reps 3 --ab "${AB:-STRATA_NO_FASTQ}" 2>&1 | tee "$out/bench_ab.log" ;;
+        timeout 200 "$d/bench_gpu" --tg 128 --reps 3 --ab "${AB:-STRATA_NO_FUSE_ROUTE}" 2>&1 | tee "$out/bench_ab.log" ;;
     offmem)
         for e in ${OFFENV:--}; do
             echo "== bench_offload ${e#-}" | tee -a "$out/offmem.log"
