@@ -4,7 +4,7 @@
 #   scripts/bench-spec.sh [-b BINDIR] [-B BACKEND] [-t THREADS] [-m MODEL] [-d DRAFT]
 #                         [-s SHAPE[:LAYERS[:FTYPE]] | -S] [-x BENCH_SPEC] [-r REPS]
 #                         [-T "2 4 8"] [-a "GENERATE-ARGS"] [-g TOKENS] [-R REPS]
-#                         [-P "edit free"] [-c OTHER_BINDIR]
+#                         [-P "edit free"] [-F TOKENS] [-c OTHER_BINDIR]
 #
 #   -b BINDIR   where strata-generate is, and bench_spec unless -x (default bin)
 #   -x PROGRAM  the bench_spec program (tests/bench/bench_spec.c; make bench-spec and
@@ -21,6 +21,7 @@
 #   -P PARTS    part 1's prompts to run: edit, free (default both)
 #   -c DIR      compare: part 1's rows run with DIR's strata-generate too, in the same
 #               rounds (its rows marked "B", its ratios against its own T 0)
+#   -F TOKENS   tokens of the little-repetition prompt's runs (default 128)
 #   -g TOKENS   tokens per synthetic-model run (default 128); -R REPS its runs per row
 #               (default -r's)
 #   -a ARGS     more options for every strata-generate run (e.g. --no-selftest)
@@ -44,8 +45,8 @@ if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
     BIN=$(dirname "$1") M=${2:-$M} D=${3:-$D} TH=${4:-$TH}
     set --
 fi
-BS= XA= SGEN=128 SREPS= PARTS="edit free" CMP=
-while getopts "b:B:t:m:d:s:Sx:r:T:a:g:R:P:c:h" o; do
+BS= XA= SGEN=128 SREPS= PARTS="edit free" CMP= FREE_N=128
+while getopts "b:B:t:m:d:s:Sx:r:T:a:g:R:P:F:c:h" o; do
     case $o in
     b) BIN=$OPTARG ;;
     B) BE=$OPTARG ;;
@@ -61,9 +62,10 @@ while getopts "b:B:t:m:d:s:Sx:r:T:a:g:R:P:c:h" o; do
     R) SREPS=$OPTARG ;;
     T) TS=$OPTARG ;;
     P) PARTS=$OPTARG ;;
+    F) FREE_N=$OPTARG ;;
     c) CMP=$OPTARG ;;
-    h) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    h) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
     esac
 done
 G=$BIN/strata-generate
@@ -179,7 +181,7 @@ done
 case " $PARTS " in *" edit "*)
     part edit "code-editing prompt (reproduce a function with one change), greedy, 160 tokens" ;;
 *) NROW=0 ;; esac
-FR=(-n 128 --temp 1 --seed 1 --ignore-eos)
+FR=(-n "$FREE_N" --temp 1 --seed 1 --ignore-eos)
 row "none (plain)" 0 "import" "${FR[@]}" --spec 0
 for t in $TS; do
     row "ngram fixed" "$t" "import" "${FR[@]}" --spec "$t" --spec-fixed
@@ -188,7 +190,7 @@ for t in $TS; do
     row "draft back-off" "$t" "import" "${FR[@]}" --spec "$t" --draft "$D"
 done
 case " $PARTS " in *" free "*)
-    part free "little repetition: temperature 1, seed 1, 128 tokens (same seed: same text)" ;;
+    part free "little repetition: temperature 1, seed 1, $FREE_N tokens (same seed: same text)" ;;
 *) NROW=0 ;; esac
 
 [ -n "$SYN" ] || exit 0

@@ -6,7 +6,7 @@
 #                                             (default devrun-p)
 #   scripts/gpu-profile.sh run [DIR] [WHAT]   there: WHAT is any of bench, ncu, offload,
 #                                             check, ab, offmem, offtest, prof, spec, xcpu,
-#                                             diag (default bench ncu offload)
+#                                             diag, ncupp (default bench ncu offload)
 #
 # bench: bench_gpu --tg 128 --reps 3 (decode and prefill, all in VRAM).  ncu: the time each
 # kernel of a few decode steps runs once scheduled (Nsight Compute, graph nodes profiled
@@ -17,7 +17,9 @@
 # any).  ab: bench_gpu --ab over $AB.  offmem: bench_offload from memory, once per
 # setting of $OFFENV (space-separated VAR=VALUE, "-" for none).  offtest:
 # test_expert_offload.  prof: per-operation times (STRATA_GPU_PROFILE=1).  spec:
-# scripts/bench-spec.sh on the host's CPU (all its threads).  xcpu: bench_expert_cpu.
+# scripts/bench-spec.sh on the host's CPU (all its threads, or $SPEC_THREADS; more
+# options in $SPEC_ARGS).  ncupp: Nsight Compute's full report of a few prefill kernels.
+# xcpu: bench_expert_cpu.
 # diag: bench_offload mapping a freshly written file on the disk, with the process's
 # kernel stacks and the host's dirty and writeback memory sampled while it opens.
 # Logs go to $OUT (or /tmp/strata-prof).
@@ -95,8 +97,14 @@ for w in $what; do
         tail -60 "$out/prof.log" ;;
     spec)
         STRATA_FIXTURES=$(cd "$d" && pwd)/fixtures timeout 300 scripts/bench-spec.sh \
-            -b "$d/bin" -x "$d/bench_spec" -B cpu -t "$(nproc)" -r ${SPEC_REPS:-3} -S \
-            -a --no-selftest 2>&1 | tee "$out/spec.log" ;;
+            -b "$d/bin" -x "$d/bench_spec" -B cpu -t "${SPEC_THREADS:-$(nproc)}" \
+            -r ${SPEC_REPS:-3} -S -a --no-selftest ${SPEC_ARGS:-} 2>&1 | tee -a "$out/spec.log" ;;
+    ncupp)
+        # the prefill kernels in detail (stall reasons, throughput): $NCU_KERNELS, a regex
+        timeout 400 ncu --kernel-name "regex:${NCU_KERNELS:-mm_kernel|attn}" --launch-skip 24 \
+            --launch-count ${NCU_COUNT:-6} --set full --page details \
+            "$d/bench_gpu" --pp 512 --tg 2 --reps 1 > "$out/ncupp.txt" 2> "$out/ncupp.err"
+        echo "ncupp: exit $?, $(wc -l < "$out/ncupp.txt") lines"; tail -3 "$out/ncupp.err" ;;
     xcpu)
         timeout 120 "$d/bench_expert_cpu" -t "$(nproc)" 2>&1 | tee "$out/xcpu.log" ;;
     diag)
