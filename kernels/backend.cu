@@ -141,6 +141,11 @@ struct gpu_state {
 #endif
     __half *wh, *xh; /* f16 scratch: one dense weight, n_ub rows of activations */
     size_t wh_cap, xh_cap;
+    /* mmh: the f16 activations of the pipelined mat-mat kernel (strata_k_mm_args.xh),
+     * mmh_cap halves; NULL without matrix units or with STRATA_MM_V1=1 (the first
+     * kernel, which converts its tiles itself) */
+    __half *mmh;
+    size_t mmh_cap;
     /* routed experts that do not all fit: a VRAM slot pool (backend_experts.h); NULL
      * when every expert is in VRAM */
     struct strata_gpu_ec *xc;
@@ -393,6 +398,31 @@ static void graphs_drop(struct gpu_state *s)
         }
 }
 
+/* The pipelined mat-mat kernel's f16 activations (s->mmh): the widest input of a
+ * prefill product, T tokens or A expert assignments.  Nothing where the device has no
+ * matrix units or STRATA_MM_V1=1 left s->mmh_cap at 0. */
+static int mmh_alloc(struct gpu_state *s, size_t T, size_t A, size_t ffmax,
+                     struct strata_err *err)
+{
+    if (!s->mmh_cap || !s->ctx.info.has_mma_f16) {
+        s->mmh_cap = 0;
+        return 0;
+    }
+    size_t w = (size_t)s->n_embd;
+    if ((size_t)s->n_q > w)
+        w = (size_t)s->n_q;
+    if (ffmax > w)
+        w = ffmax;
+    s->mmh_cap = T * w > A * ffmax ? T * w : A * ffmax;
+    return dalloc(s, (void **)&s->mmh, 2 * s->mmh_cap, "f16 mat-mat activations", err);
+}
+
+/* s->mmh for a product that reads n_x rows of ne0 values, or NULL if they do not fit. */
+static __half *mmh_for(const struct gpu_state *s, int64_t n_x, int64_t ne0)
+{
+    return s->mmh && (size_t)(n_x * ne0) <= s->mmh_cap ? s->mmh : NULL;
+}
+
 static void gpu_free(void *state)
 {
     struct gpu_state *s = (struct gpu_state *)state;
@@ -575,6 +605,8 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         const char *ls = getenv("STRATA_ATT_LONG_SPLITS");
         s->att_split_keys = ls && *ls && strcmp(ls, "0") != 0 ? 0 : 32;
         s->pin_in = !(ni && *ni && strcmp(ni, "0") != 0);
+        const char *m1 = getenv("STRATA_MM_V1");
+        s->mmh_cap = m1 && *m1 && strcmp(m1, "0") != 0 ? 0 : 1;
         /* programmatic dependent launches (sm_90+): each decode kernel is scheduled
          * while the one before it finishes; STRATA_NO_PDL=1 turns them off */
         const char *np = getenv("STRATA_NO_PDL");
@@ -691,6 +723,7 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
                          "8-bit activations", err)) ||
             (rc = dalloc(s, (void **)&s->norm_cnt, 2 * sizeof(int) * MATVEC_MAX,
                          "epilogue counters", err)) ||
+            (rc = mmh_alloc(s, T, A, ffmax, err)) ||
             (rc = gpu_call(s, cudaMemset(s->norm_cnt, 0, 2 * sizeof(int) * MATVEC_MAX),
                            "cudaMemset (epilogue counters)", err)) ||
             (rc = dalloc(s, (void **)&s->attn_cnt,
@@ -806,6 +839,7 @@ static int proj(struct gpu_state *s, const struct strata_k_weight *w, const floa
         a.y = y;
         a.y_stride = y_stride;
         a.add = add;
+        a.xh = mmh_for(s, n, w->ne0);
         return strata_k_matmul(&s->ctx, &a, err);
     }
     struct strata_k_mv_args a;
@@ -845,6 +879,8 @@ static int glu(struct gpu_state *s, const struct strata_k_weight *g, const struc
         a.x_stride = g->ne0;
         a.y = y;
         a.y_stride = g->ne1;
+        a.n_x = n;
+        a.xh = mmh_for(s, n, g->ne0);
         return strata_k_matmul(&s->ctx, &a, err);
     }
     struct strata_k_mv_args a;
@@ -880,6 +916,8 @@ static int down_exps(struct gpu_state *s, const struct strata_k_weight *w, const
         a.x_stride = w->ne0;
         a.y = y;
         a.y_stride = w->ne1;
+        a.n_x = rows;
+        a.xh = mmh_for(s, rows, w->ne0);
         return strata_k_matmul(&s->ctx, &a, err);
     }
     struct strata_k_mv_args a;
@@ -1133,7 +1171,8 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                  * a mat-vec batch all on the GPU comes back as remapped ids in s->eids
                  * for the kernels below (done = 0) */
                 struct strata_gpu_ec_io io = {s->xn, s->eids, s->act, s->eout, s->perm, s->tiles,
-                                              s->n_tiles, s->xq, s->actq};
+                                              s->n_tiles, s->xq, s->actq, s->mmh,
+                                              s->mmh_cap};
                 if (OP("moe_experts", strata_gpu_ec_moe(s->xc, il, n, &io, &done, err)))
                     goto fail;
             }

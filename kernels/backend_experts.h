@@ -64,6 +64,9 @@ struct strata_gpu_ec_io {
     int32_t *perm, *tiles, *n_tiles; /* grouped mat-mat plan scratch (max_tiles) */
     const void *xq;       /* [n] q8 rows of xn (mat-vec batches with use_q8), or NULL */
     void *actq;           /* [n * k] q8 rows of the SwiGLU outputs (scratch), or NULL */
+    __half *xh;           /* f16 scratch of xh_cap halves for the mat-mat products
+                             (strata_k_mm_args.xh), or NULL */
+    size_t xh_cap;
 };
 
 /* The routed experts of layer il for a batch of n tokens: downloads the routed ids

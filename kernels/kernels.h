@@ -325,6 +325,13 @@ struct strata_k_mm_args {
     float *y;
     int64_t y_stride;
     const float *add;
+    /* xh (optional, device scratch of n_x * ne0 halves): where the device has matrix
+     * units (NVIDIA sm_80+), x is converted there to f16 first and the pipelined
+     * kernel runs (the same results bit for bit).  n_x: the rows of x the product
+     * reads (0: n_tok, or n_tok / x_div rounded up when grouped; set it where perm
+     * indexes more assignments than n_tok). */
+    __half *xh;
+    int n_x;
 };
 int strata_k_matmul(struct strata_gpu_ctx *ctx, const struct strata_k_mm_args *a,
                     struct strata_err *err);
