@@ -2,6 +2,7 @@
  * statistics, and the general rejection-sampling step. */
 #include "spec.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -24,6 +25,7 @@ struct strata_spec {
     int cur;       /* the row handed out last */
     int32_t base;  /* position of win[0] */
     int active;
+    int trace;     /* STRATA_SPEC_TRACE=1: one line per window on stderr */
     struct strata_spec_stats st;
 };
 
@@ -132,6 +134,8 @@ int strata_spec_create(struct strata_spec **out, struct strata_engine *target,
         return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
     s->e = target;
     s->n_max = o->n_max;
+    const char *tr = getenv("STRATA_SPEC_TRACE");
+    s->trace = tr && *tr && strcmp(tr, "0") != 0;
     strata_spec_backoff_init(&s->bo, o->n_max, o->adaptive);
     s->n_vocab = strata_engine_n_vocab(target);
     s->rows = malloc((size_t)(o->n_max + 1) * (size_t)s->n_vocab * sizeof *s->rows);
@@ -173,15 +177,16 @@ int strata_spec_create(struct strata_spec **out, struct strata_engine *target,
                 goto out;
             }
         }
-        /* Calibration with a draft model: a window of one draft (2 positions, every
-         * row's logits, and a draft step) against a plain step, past the kv cache and
-         * rolled back (calibrate).  The back-off could learn it only by drafting, and the first
-         * drafting window catches the draft up on the whole prompt: 7-8 ms for 142
-         * tokens with tinydraft on 2 threads, where windows of one draft cost 1.9
-         * plain steps and can never pay.  On the CPU only: a device's windows cost
-         * about a step, and a draft step timed too slow there would close drafting
-         * where it pays. */
-        if (s->draft.step_ms > 0 && o->adaptive && n_big >= 2 && be &&
+        /* Calibration: a window of one draft (2 positions, every row's logits, and a
+         * draft model's step if any) against a plain step, past the kv cache and
+         * rolled back (calibrate).  The back-off could learn it only by drafting: the
+         * first drafting window of a draft model catches the draft up on the whole
+         * prompt (7-8 ms for 142 tokens with tinydraft on 2 threads, where windows of
+         * one draft cost 1.9 plain steps and can never pay), and an n-gram's exploring
+         * windows cost as much where a window is hopeless.  On the CPU only: a
+         * device's windows cost about a step, and a draft step timed too slow there
+         * would close drafting where it pays. */
+        if (o->adaptive && n_big >= 2 && be &&
             strcmp(be, "cpu") == 0 && (rc = calibrate(s, n_past, err))) {
             strata_err_wrap(err, "speculative calibration: ");
             goto out;
@@ -473,6 +478,12 @@ static int close_window(struct strata_spec *s, int decided, struct strata_err *e
     strata_spec_backoff_learn(&s->bo, s->win_n - 1,
                               decided || s->cur + 1 == s->win_n ? s->cur : -1, s->win_ms,
                               s->catchup_ms);
+    if (s->trace)
+        fprintf(stderr, "spec-trace k %d a %d ms %.4f catchup %.4f plain %.4f c1 %.3f c2 %.3f "
+                "alpha %.3f wait %d\n", s->win_n - 1, s->cur, s->win_ms, s->catchup_ms,
+                s->bo.t_plain, s->bo.n_win[1] || s->n_max < 1 ? s->bo.cost[1] : -1.0,
+                s->n_max >= 2 && s->bo.n_win[2] ? s->bo.cost[2] : -1.0,
+                (s->bo.acc + 1) / (s->bo.acc + s->bo.rej + 2), s->bo.probe_every);
     int32_t keep = s->base + s->cur + 1;
     if (strata_engine_n_past(s->e) > keep)
         return strata_engine_rollback(s->e, keep, err);
