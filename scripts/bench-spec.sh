@@ -108,7 +108,7 @@ row() {
     local b
     for b in A ${CMP:+B}; do
         ROW_LABEL[NROW]=$1 ROW_T[NROW]=$2 ROW_P[NROW]=$3 ROW_B[NROW]=$b
-        [ "$2" = 0 ] && REF[$b]=$NROW
+        [ "$2" = 0 ] && [ -z "${REF[$b]:-}" ] && REF[$b]=$NROW
         ROW_REF[NROW]=${REF[$b]}
         ROW_ARGS[NROW]=$(printf '%q ' "${@:4}")
         NROW=$((NROW + 1))
@@ -164,6 +164,7 @@ part() {
                 $ENV{SAME}' <"$TMP/rows.$i"
     done
     NROW=0
+    REF=()
 }
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/bench-spec.XXXXXX")
@@ -180,9 +181,11 @@ for t in $TS; do
 done
 case " $PARTS " in *" edit "*)
     part edit "code-editing prompt (reproduce a function with one change), greedy, 160 tokens" ;;
-*) NROW=0 ;; esac
+*) NROW=0 REF=() ;; esac
 FR=(-n "$FREE_N" --temp 1 --seed 1 --ignore-eos)
 row "none (plain)" 0 "import" "${FR[@]}" --spec 0
+# the same plain run again: its "x T0" is the table's own run-to-run spread
+row "none (again)" 0 "import" "${FR[@]}" --spec 0
 for t in $TS; do
     row "ngram fixed" "$t" "import" "${FR[@]}" --spec "$t" --spec-fixed
     row "ngram back-off" "$t" "import" "${FR[@]}" --spec "$t"
