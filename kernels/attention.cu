@@ -319,6 +319,213 @@ __global__ void attn_merge_kernel(const float *__restrict__ scratch, float *__re
     }
 }
 
+/* ---- prefill on the matrix units (NVIDIA sm_80+) ----
+ *
+ * FlashAttention-2's loop (Dao 2023) on mma.sync m16n8k16: a block takes 64 query rows
+ * of one kv head (the (token, head) rows of the GQA group, as attn_kernel), 16 per
+ * warp; the query tile is scaled, converted to f16 and kept in registers as A
+ * fragments; keys and values stream through shared memory 64 positions at a time
+ * (cp.async); S = Q K^T and O += P V accumulate in f32, with P rounded to f16 for the
+ * second product, and the online softmax runs on the accumulator fragments (a row's
+ * values sit in the 4 lanes of a quad).  Selected by strata_k_attn_args.mma for batches
+ * without splits. */
+#define AMMA_ROWS 64
+#define AMMA_KEYS 64
+#define AMMA_THREADS 128
+
+#ifdef STRATA_GPU_MMA_F16
+static __device__ __forceinline__ uint32_t amma_smem(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+static __device__ __forceinline__ void amma_ldsm_x4(uint32_t *r, const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(amma_smem(p)));
+}
+
+static __device__ __forceinline__ void amma_ldsm_x4_t(uint32_t *r, const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(amma_smem(p)));
+}
+
+static __device__ __forceinline__ void amma_mma(float *d, const uint32_t *a, uint32_t b0,
+                                                uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t amma_pack(float x, float y)
+{
+    __half2 h = __floats2half2_rn(x, y);
+    return *(const uint32_t *)&h;
+}
+#endif
+
+template <int HD>
+__global__ void __launch_bounds__(AMMA_THREADS) attn_mma_kernel(struct strata_k_attn_args a)
+{
+#ifdef STRATA_GPU_MMA_F16
+    constexpr int LD = HD + 8, KS = HD / 16, DT = HD / 8;
+    __shared__ __align__(16) __half ks[AMMA_KEYS][LD];
+    __shared__ __align__(16) __half vs[AMMA_KEYS][LD];
+    strata_pdl_wait();
+    strata_pdl_trigger();
+    const int n_gqa = a.n_head / a.n_head_kv, g = blockIdx.y;
+    const int n_rows = a.n_tok * n_gqa, row0 = blockIdx.x * AMMA_ROWS;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, qg = lane >> 2, qc = lane & 3;
+    const int p0 = *a.pos0;
+    const int64_t kv_row = (int64_t)a.n_head_kv * HD;
+    /* the query tile, scaled, as f16 in ks (staging only) */
+    for (int i = tid; i < AMMA_ROWS * (HD / 4); i += AMMA_THREADS) {
+        int rr = i / (HD / 4), d = 4 * (i % (HD / 4)), ro = row0 + rr;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (ro < n_rows) {
+            int tt = ro / n_gqa, hh = g * n_gqa + ro % n_gqa;
+            v = *(const float4 *)(a.q + tt * a.q_stride + (int64_t)hh * HD + d);
+        }
+        *(__half2 *)&ks[rr][d] = __floats2half2_rn(v.x * a.scale, v.y * a.scale);
+        *(__half2 *)&ks[rr][d + 2] = __floats2half2_rn(v.z * a.scale, v.w * a.scale);
+    }
+    __syncthreads();
+    uint32_t qf[KS][4];
+#pragma unroll
+    for (int k = 0; k < KS; k++)
+        amma_ldsm_x4(qf[k], &ks[warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8]
+                               [16 * k + (lane >> 4) * 8]);
+    /* this thread's two rows (qg, qg + 8 of the warp's 16) and their positions */
+    int qpos[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int ro = row0 + warp * 16 + qg + 8 * h;
+        qpos[h] = p0 + (ro < n_rows ? ro : n_rows - 1) / n_gqa;
+    }
+    const int last = min(row0 + AMMA_ROWS, n_rows) - 1;
+    const int kv_hi = p0 + last / n_gqa + 1; /* keys [0, kv_hi) serve some row */
+    const int warp_last = min(row0 + warp * 16 + 15, n_rows - 1);
+    const int warp_hi = p0 + warp_last / n_gqa + 1;
+    float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < DT; j++)
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            o[j][q] = 0.0f;
+    for (int j0 = 0; j0 < kv_hi; j0 += AMMA_KEYS) {
+        __syncthreads(); /* the previous tile (or the query staging) is read */
+        for (int i = tid; i < AMMA_KEYS * (HD / 8); i += AMMA_THREADS) {
+            int j = i / (HD / 8), d = 8 * (i % (HD / 8));
+            bool in = j0 + j < kv_hi;
+            int64_t off = in ? (j0 + j) * kv_row + (int64_t)g * HD + d : 0;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(amma_smem(&ks[j][d])),
+                         "l"(a.k_cache + off), "r"(in ? 16 : 0));
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(amma_smem(&vs[j][d])),
+                         "l"(a.v_cache + off), "r"(in ? 16 : 0));
+        }
+        asm volatile("cp.async.commit_group;");
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncthreads();
+        if (j0 >= warp_hi)
+            continue; /* every key of this tile is past the warp's rows */
+        float sc[AMMA_KEYS / 8][4];
+#pragma unroll
+        for (int n = 0; n < AMMA_KEYS / 8; n++)
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                sc[n][q] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < KS; k++)
+#pragma unroll
+            for (int n = 0; n < AMMA_KEYS / 8; n += 2) {
+                /* (keys n, dims lo), (n, hi), (n + 1, lo), (n + 1, hi) */
+                int mt = lane >> 3;
+                uint32_t b[4];
+                amma_ldsm_x4(b, &ks[(n + (mt >> 1)) * 8 + (lane & 7)][16 * k + (mt & 1) * 8]);
+                amma_mma(sc[n], qf[k], b[0], b[1]);
+                amma_mma(sc[n + 1], qf[k], b[2], b[3]);
+            }
+        /* causal mask and the online softmax, rows qg (q 0, 1) and qg + 8 (q 2, 3) */
+        float mt[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < AMMA_KEYS / 8; n++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                int kp = j0 + 8 * n + 2 * qc + (q & 1);
+                if (kp > qpos[q >> 1])
+                    sc[n][q] = -INFINITY;
+                mt[q >> 1] = fmaxf(mt[q >> 1], sc[n][q]);
+            }
+        float corr[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 1));
+            mt[h] = fmaxf(mt[h], __shfl_xor_sync(0xffffffffu, mt[h], 2));
+            float mn = fmaxf(m[h], mt[h]);
+            corr[h] = mn == -INFINITY ? 1.0f : __expf(m[h] - mn);
+            m[h] = mn;
+            l[h] *= corr[h];
+        }
+#pragma unroll
+        for (int n = 0; n < AMMA_KEYS / 8; n++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float pv = sc[n][q] == -INFINITY ? 0.0f : __expf(sc[n][q] - m[q >> 1]);
+                sc[n][q] = pv;
+                l[q >> 1] += pv;
+            }
+#pragma unroll
+        for (int j = 0; j < DT; j++) {
+            o[j][0] *= corr[0];
+            o[j][1] *= corr[0];
+            o[j][2] *= corr[1];
+            o[j][3] *= corr[1];
+        }
+        /* O += P V: P's accumulator fragments are the A fragments of 16-key chunks */
+#pragma unroll
+        for (int kc = 0; kc < AMMA_KEYS / 16; kc++) {
+            uint32_t pa[4] = {amma_pack(sc[2 * kc][0], sc[2 * kc][1]),
+                              amma_pack(sc[2 * kc][2], sc[2 * kc][3]),
+                              amma_pack(sc[2 * kc + 1][0], sc[2 * kc + 1][1]),
+                              amma_pack(sc[2 * kc + 1][2], sc[2 * kc + 1][3])};
+#pragma unroll
+            for (int j = 0; j < DT; j += 2) {
+                /* (keys lo, dims j), (keys hi, dims j), (lo, j + 1), (hi, j + 1), transposed */
+                int mt4 = lane >> 3;
+                uint32_t b[4];
+                amma_ldsm_x4_t(b, &vs[16 * kc + (mt4 & 1) * 8 + (lane & 7)][8 * (j + (mt4 >> 1))]);
+                amma_mma(o[j], pa, b[0], b[1]);
+                amma_mma(o[j + 1], pa, b[2], b[3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int ro = row0 + warp * 16 + qg + 8 * h;
+        if (ro >= n_rows)
+            continue;
+        int tt = ro / n_gqa, hh = g * n_gqa + ro % n_gqa;
+        float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+        float *out = a.out + ((int64_t)tt * a.n_head + hh) * HD;
+#pragma unroll
+        for (int j = 0; j < DT; j++)
+            *(float2 *)(out + 8 * j + 2 * qc) = make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+    }
+#else
+    (void)a;
+#endif
+}
+
 size_t strata_k_attn_counters(int n_tok, int n_head, int n_head_kv)
 {
     int n_rows = n_tok * (n_head / n_head_kv);
@@ -348,6 +555,21 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
                             a->n_tok, a->n_head, a->n_head_kv, a->hd, a->n_split, a->max_kv,
                             (long long)a->out_q8_row, ATT_HD);
     int n_rows = a->n_tok * (a->n_head / a->n_head_kv);
+    if (a->mma && ctx->info.has_mma_f16 && a->n_split == 1 && !a->counters && !a->out_q8 &&
+        (a->hd == 32 || a->hd == 64 || a->hd == 128) && a->q_stride % 4 == 0 &&
+        ((uintptr_t)a->q & 15) == 0) {
+        dim3 gm((unsigned)((n_rows + AMMA_ROWS - 1) / AMMA_ROWS), (unsigned)a->n_head_kv),
+            bm(AMMA_THREADS);
+        if (a->hd == 128)
+            strata_k_launch(ctx, attn_mma_kernel<128>, gm, bm, *a);
+        else if (a->hd == 64)
+            strata_k_launch(ctx, attn_mma_kernel<64>, gm, bm, *a);
+        else
+            strata_k_launch(ctx, attn_mma_kernel<32>, gm, bm, *a);
+        return strata_k_check(ctx, "attn_mma_kernel", gm, bm, err,
+                              "n_tok=%d n_head=%d n_head_kv=%d hd=%d max_kv=%d", a->n_tok,
+                              a->n_head, a->n_head_kv, a->hd, a->max_kv);
+    }
     dim3 grid((unsigned)((n_rows + ATT_ROWS - 1) / ATT_ROWS), (unsigned)a->n_head_kv,
               (unsigned)a->n_split),
         block(ATT_THREADS);

@@ -263,6 +263,10 @@ struct strata_k_attn_args {
      * min(n_split, ceil(L / split_keys)) splits.  The layout depends on L and this only,
      * so a decode and a verify window must use the same value */
     int split_keys;
+    /* 1: a batch without splits (n_split 1, no counters, no 8-bit output) with hd 32, 64
+     * or 128 runs on the matrix units where the device has them (NVIDIA sm_80+): q and P
+     * rounded to f16, sums in f32 (prefill; the FMA kernel otherwise) */
+    int mma;
 };
 /* ints of the counters of strata_k_attention for batches of up to n_tok tokens */
 size_t strata_k_attn_counters(int n_tok, int n_head, int n_head_kv);
