@@ -10,7 +10,8 @@
 #
 # bench: bench_gpu --tg 128 --reps 3 (decode and prefill, all in VRAM).  ncu: the time each
 # kernel of a few decode steps runs once scheduled (Nsight Compute, graph nodes profiled
-# one by one, clocks left alone), as CSV for scripts/ncu-summary.py.  offload:
+# one by one, clocks left alone, caches flushed unless NCU_CACHE=none), as CSV for
+# scripts/ncu-summary.py.  offload:
 # bench_offload with the synthetic model written to a file and mapped (host memory
 # against the experts' bytes), 25% and 50% of the experts in VRAM, the model's routing.
 # check: test_kernels and test_golden (with the fixtures packed into DIR/fixtures, if
@@ -66,7 +67,7 @@ for w in $what; do
     bench)
         timeout 300 "$d/bench_gpu" --tg 128 --reps 3 2>&1 | tee "$out/bench_gpu.log" ;;
     ncu)
-        timeout 400 ncu --graph-profiling node --clock-control none \
+        timeout 400 ncu --graph-profiling node --clock-control none --cache-control ${NCU_CACHE:-all} \
             --metrics gpu__time_duration.sum --csv --page raw \
             "$d/bench_gpu" --pp 16 --tg 6 --reps 1 > "$out/ncu.csv" 2> "$out/ncu.err"
         echo "ncu: exit $?, $(wc -l < "$out/ncu.csv") lines"; tail -3 "$out/ncu.err" ;;
