@@ -323,15 +323,19 @@ __global__ void attn_merge_kernel(const float *__restrict__ scratch, float *__re
  *
  * FlashAttention-2's loop (Dao 2023) on mma.sync m16n8k16: a block takes 64 query rows
  * of one kv head (the (token, head) rows of the GQA group, as attn_kernel), 16 per
- * warp; the query tile is scaled, converted to f16 and kept in registers as A
- * fragments; keys and values stream through shared memory 64 positions at a time
- * (cp.async); S = Q K^T and O += P V accumulate in f32, with P rounded to f16 for the
- * second product, and the online softmax runs on the accumulator fragments (a row's
- * values sit in the 4 lanes of a quad).  Selected by strata_k_attn_args.mma for batches
- * without splits. */
+ * warp; keys and values stream through shared memory 64 positions at a time
+ * (cp.async); S = Q K^T and O += P V accumulate in f32 and the online softmax runs on
+ * the accumulator fragments (a row's values sit in the 4 lanes of a quad).  The f32
+ * operands q (scaled) and P are each split into two f16 parts, hi = f16(x) and lo =
+ * f16(x - hi), and multiplied as hi + lo (keys and values are f16 already), so the
+ * products keep about 22 bits of the operands, as the FMA kernel's f32 arithmetic does,
+ * not the 11 of one f16 rounding: the same attention output to ~1e-6 instead of ~1e-3,
+ * so that prefill on either kernel leads the model down the same path.  Selected by
+ * strata_k_attn_args.mma for batches without splits. */
 #define AMMA_ROWS 64
 #define AMMA_KEYS 64
 #define AMMA_THREADS 128
+#define AMMA_PS 1024.0f
 
 #ifdef STRATA_GPU_MMA_F16
 static __device__ __forceinline__ uint32_t amma_smem(const void *p)
@@ -362,10 +366,14 @@ static __device__ __forceinline__ void amma_mma(float *d, const uint32_t *a, uin
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-static __device__ __forceinline__ uint32_t amma_pack(float x, float y)
+/* x, y as f16 pairs hi = f16(v) and lo = f16(v - hi) */
+static __device__ __forceinline__ void amma_split(float x, float y, uint32_t *hi, uint32_t *lo)
 {
     __half2 h = __floats2half2_rn(x, y);
-    return *(const uint32_t *)&h;
+    float2 hf = __half22float2(h);
+    __half2 l = __floats2half2_rn(x - hf.x, y - hf.y);
+    *hi = *(const uint32_t *)&h;
+    *lo = *(const uint32_t *)&l;
 }
 #endif
 
@@ -383,7 +391,7 @@ __global__ void __launch_bounds__(AMMA_THREADS) attn_mma_kernel(struct strata_k_
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, qg = lane >> 2, qc = lane & 3;
     const int p0 = *a.pos0;
     const int64_t kv_row = (int64_t)a.n_head_kv * HD;
-    /* the query tile, scaled, as f16 in ks (staging only) */
+    /* the query tile, scaled, as f16 hi parts in ks and lo parts in vs (staging only) */
     for (int i = tid; i < AMMA_ROWS * (HD / 4); i += AMMA_THREADS) {
         int rr = i / (HD / 4), d = 4 * (i % (HD / 4)), ro = row0 + rr;
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -391,15 +399,22 @@ __global__ void __launch_bounds__(AMMA_THREADS) attn_mma_kernel(struct strata_k_
             int tt = ro / n_gqa, hh = g * n_gqa + ro % n_gqa;
             v = *(const float4 *)(a.q + tt * a.q_stride + (int64_t)hh * HD + d);
         }
-        *(__half2 *)&ks[rr][d] = __floats2half2_rn(v.x * a.scale, v.y * a.scale);
-        *(__half2 *)&ks[rr][d + 2] = __floats2half2_rn(v.z * a.scale, v.w * a.scale);
+        float f[4] = {v.x * a.scale, v.y * a.scale, v.z * a.scale, v.w * a.scale};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            __half h = __float2half_rn(f[j]);
+            ks[rr][d + j] = h;
+            vs[rr][d + j] = __float2half_rn(f[j] - __half2float(h));
+        }
     }
     __syncthreads();
-    uint32_t qf[KS][4];
+    uint32_t qf[KS][4], ql[KS][4];
 #pragma unroll
-    for (int k = 0; k < KS; k++)
-        amma_ldsm_x4(qf[k], &ks[warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8]
-                               [16 * k + (lane >> 4) * 8]);
+    for (int k = 0; k < KS; k++) {
+        const int qr = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, qk = 16 * k + (lane >> 4) * 8;
+        amma_ldsm_x4(qf[k], &ks[qr][qk]);
+        amma_ldsm_x4(ql[k], &vs[qr][qk]);
+    }
     /* this thread's two rows (qg, qg + 8 of the warp's 16) and their positions */
     int qpos[2];
 #pragma unroll
@@ -447,6 +462,8 @@ __global__ void __launch_bounds__(AMMA_THREADS) attn_mma_kernel(struct strata_k_
                 int mt = lane >> 3;
                 uint32_t b[4];
                 amma_ldsm_x4(b, &ks[(n + (mt >> 1)) * 8 + (lane & 7)][16 * k + (mt & 1) * 8]);
+                amma_mma(sc[n], ql[k], b[0], b[1]);
+                amma_mma(sc[n + 1], ql[k], b[2], b[3]);
                 amma_mma(sc[n], qf[k], b[0], b[1]);
                 amma_mma(sc[n + 1], qf[k], b[2], b[3]);
             }
@@ -489,16 +506,21 @@ __global__ void __launch_bounds__(AMMA_THREADS) attn_mma_kernel(struct strata_k_
         /* O += P V: P's accumulator fragments are the A fragments of 16-key chunks */
 #pragma unroll
         for (int kc = 0; kc < AMMA_KEYS / 16; kc++) {
-            uint32_t pa[4] = {amma_pack(sc[2 * kc][0], sc[2 * kc][1]),
-                              amma_pack(sc[2 * kc][2], sc[2 * kc][3]),
-                              amma_pack(sc[2 * kc + 1][0], sc[2 * kc + 1][1]),
-                              amma_pack(sc[2 * kc + 1][2], sc[2 * kc + 1][3])};
+            /* P times 2^10 (exact; taken off at the end), so that the lo parts of small
+             * weights stay clear of f16's subnormal range */
+            uint32_t pa[4], pl[4];
+            amma_split(AMMA_PS * sc[2 * kc][0], AMMA_PS * sc[2 * kc][1], &pa[0], &pl[0]);
+            amma_split(AMMA_PS * sc[2 * kc][2], AMMA_PS * sc[2 * kc][3], &pa[1], &pl[1]);
+            amma_split(AMMA_PS * sc[2 * kc + 1][0], AMMA_PS * sc[2 * kc + 1][1], &pa[2], &pl[2]);
+            amma_split(AMMA_PS * sc[2 * kc + 1][2], AMMA_PS * sc[2 * kc + 1][3], &pa[3], &pl[3]);
 #pragma unroll
             for (int j = 0; j < DT; j += 2) {
                 /* (keys lo, dims j), (keys hi, dims j), (lo, j + 1), (hi, j + 1), transposed */
                 int mt4 = lane >> 3;
                 uint32_t b[4];
                 amma_ldsm_x4_t(b, &vs[16 * kc + (mt4 & 1) * 8 + (lane & 7)][8 * (j + (mt4 >> 1))]);
+                amma_mma(o[j], pl, b[0], b[1]);
+                amma_mma(o[j + 1], pl, b[2], b[3]);
                 amma_mma(o[j], pa, b[0], b[1]);
                 amma_mma(o[j + 1], pa, b[2], b[3]);
             }
@@ -515,7 +537,7 @@ __global__ void __launch_bounds__(AMMA_THREADS) attn_mma_kernel(struct strata_k_
         if (ro >= n_rows)
             continue;
         int tt = ro / n_gqa, hh = g * n_gqa + ro % n_gqa;
-        float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+        float inv = l[h] > 0.0f ? 1.0f / (AMMA_PS * l[h]) : 0.0f;
         float *out = a.out + ((int64_t)tt * a.n_head + hh) * HD;
 #pragma unroll
         for (int j = 0; j < DT; j++)

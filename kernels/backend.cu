@@ -93,8 +93,13 @@ struct gpu_state {
      * (tg128 957 -> 1,013 tok/s on the H200); decode and verify windows use the same
      * value */
     int att_split_keys;
-    /* att_mma (default; STRATA_ATT_FMA=1 turns it off): prefill attention on the
-     * matrix units (strata_k_attn_args.mma) */
+    /* att_mma (STRATA_ATT_MMA=1; off by default): prefill attention on the matrix units
+     * (strata_k_attn_args.mma; pp512 41,010 -> 49,170 tok/s on the H200).  Off because
+     * the expert cache's decode paths (CPU experts, staged rounds) differ from the
+     * all-in-VRAM kernels in the last bits, and over test_expert_offload's 2,000-token
+     * prompt any change of the prefill numerics moved one routing decision somewhere
+     * (logits 6e-2 to 2e-1 apart against a 5e-2 bound); it waits for those paths to
+     * match the all-in-VRAM kernels bit for bit (docs/performance.md) */
     int att_mma;
     int *attn_cnt;
     /* pin_in (default; STRATA_NO_PIN_IN=1 turns it off): pos0 and the token ids go to
@@ -608,8 +613,8 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         const char *ls = getenv("STRATA_ATT_LONG_SPLITS");
         s->att_split_keys = ls && *ls && strcmp(ls, "0") != 0 ? 0 : 32;
         s->pin_in = !(ni && *ni && strcmp(ni, "0") != 0);
-        const char *af = getenv("STRATA_ATT_FMA");
-        s->att_mma = !(af && *af && strcmp(af, "0") != 0);
+        const char *am = getenv("STRATA_ATT_MMA");
+        s->att_mma = am && *am && strcmp(am, "0") != 0;
         const char *m1 = getenv("STRATA_MM_V1");
         s->mmh_cap = m1 && *m1 && strcmp(m1, "0") != 0 ? 0 : 1;
         /* programmatic dependent launches (sm_90+): each decode kernel is scheduled
@@ -1100,12 +1105,7 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
         aa.scale = 1.0f / sqrtf((float)s->hd);
         aa.scratch = s->attn_scratch;
         aa.split_keys = s->att_split_keys;
-        /* not with offloaded experts yet: their decode rounds combine the experts' outputs
-         * in another order than the fused all-in-VRAM kernel (logits within ~4e-6), and on
-         * a 2,000-token prompt the f16 rounding of this kernel was enough for one routing
-         * decision to flip against the all-in-VRAM run (5.25e-2 against the 5e-2 bound of
-         * test_expert_offload) */
-        aa.mma = s->att_mma && n > MATVEC_MAX && !s->xc;
+        aa.mma = s->att_mma && n > MATVEC_MAX;
         /* the merge and the 8-bit rows of attn_output in the attention launch */
         const int wo_q8 = mvq_ok(s, &D->wo, n);
         if (s->attn_q8 && n <= MATVEC_MAX) {

@@ -875,8 +875,9 @@ static void test_attention(int n_tok, int pos0, int n_head, int n_head_kv, int h
     KT_CUDA(cudaDeviceSynchronize());
     kt_down(got, dout, 4 * nq);
     size_t worst;
-    /* the matrix-unit kernel rounds q and the softmax weights to f16 */
-    double e = rc ? INFINITY : kt_err(got, ref, nq, mma ? 2e-3 : 2e-5, mma ? 1e-2 : 2e-4, &worst);
+    /* the matrix-unit kernel splits q and the softmax weights into two f16 parts: the
+     * FMA kernel's bound, doubled */
+    double e = rc ? INFINITY : kt_err(got, ref, nq, mma ? 4e-5 : 2e-5, mma ? 4e-4 : 2e-4, &worst);
     ok(e <= 1, "attention%s n_tok=%d pos0=%d heads %d/%d hd=%d split %d (%d keys): err %.3g %s",
        mma ? " (matrix units)" : "", n_tok, pos0, n_head, n_head_kv, hd, n_split, split_keys, e,
        rc ? err.msg : "");
