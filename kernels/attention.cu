@@ -45,6 +45,18 @@ static __device__ __forceinline__ float att_ld(const float *p)
 #endif
 }
 
+/* Query values d .. d + 3 of the block's row ro (row ro of kv head g is token ro / n_gqa,
+ * head g * n_gqa + ro % n_gqa), times a.scale; zeros past the last row. */
+static __device__ __forceinline__ float4 att_q4(const struct strata_k_attn_args &a, int ro,
+                                                int n_rows, int n_gqa, int g, int hd, int d)
+{
+    if (ro >= n_rows)
+        return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    int tt = ro / n_gqa, hh = g * n_gqa + ro % n_gqa;
+    float4 v = *(const float4 *)(a.q + tt * a.q_stride + (int64_t)hh * hd + d);
+    return make_float4(v.x * a.scale, v.y * a.scale, v.z * a.scale, v.w * a.scale);
+}
+
 /* DPT = hd / 8: the output dimensions a thread owns (contiguous, so that value rows
  * are read as half2 pairs). */
 template <int DPT>
@@ -90,17 +102,8 @@ attn_kernel(struct strata_k_attn_args a)
     const int64_t kv_row = (int64_t)a.n_head_kv * hd;
 
     for (int i = tid; i < ATT_ROWS * (hd / 4); i += ATT_THREADS) {
-        int rr = i / (hd / 4), d = 4 * (i % (hd / 4)), ro = row0 + rr;
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (ro < n_rows) {
-            int tt = ro / n_gqa, hh = g * n_gqa + ro % n_gqa;
-            v = *(const float4 *)(a.q + tt * a.q_stride + (int64_t)hh * hd + d);
-            v.x *= a.scale;
-            v.y *= a.scale;
-            v.z *= a.scale;
-            v.w *= a.scale;
-        }
-        *(float4 *)&qs[rr][d] = v;
+        int rr = i / (hd / 4), d = 4 * (i % (hd / 4));
+        *(float4 *)&qs[rr][d] = att_q4(a, row0 + rr, n_rows, n_gqa, g, hd, d);
     }
 
     float m = -INFINITY, l = 0.0f, o[DPT];
@@ -393,13 +396,9 @@ __global__ void __launch_bounds__(AMMA_THREADS) attn_mma_kernel(struct strata_k_
     const int64_t kv_row = (int64_t)a.n_head_kv * HD;
     /* the query tile, scaled, as f16 hi parts in ks and lo parts in vs (staging only) */
     for (int i = tid; i < AMMA_ROWS * (HD / 4); i += AMMA_THREADS) {
-        int rr = i / (HD / 4), d = 4 * (i % (HD / 4)), ro = row0 + rr;
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (ro < n_rows) {
-            int tt = ro / n_gqa, hh = g * n_gqa + ro % n_gqa;
-            v = *(const float4 *)(a.q + tt * a.q_stride + (int64_t)hh * HD + d);
-        }
-        float f[4] = {v.x * a.scale, v.y * a.scale, v.z * a.scale, v.w * a.scale};
+        int rr = i / (HD / 4), d = 4 * (i % (HD / 4));
+        float4 v = att_q4(a, row0 + rr, n_rows, n_gqa, g, HD, d);
+        float f[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             __half h = __float2half_rn(f[j]);

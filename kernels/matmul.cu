@@ -62,39 +62,35 @@ static __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, con
 #define LD32(p) (*(const uint32_t *)(p))
 #endif
 
-template <int T, bool GLU>
-__global__ void __launch_bounds__(MM_THREADS) mm_kernel(struct mm_params p)
+/* The rows of the block's tile: xrow[i] (row of x, -1: none) and yrow[i] (row of y) for
+ * i < BN, from the MoE plan (tiles) or the dense token range.  Returns the expert, or -1
+ * when the plan has fewer tiles than the grid (the block has nothing to do). */
+static __device__ __forceinline__ int mm_tile(const struct mm_params &p, int *xrow, int *yrow)
 {
-    __shared__ __align__(16) __half as[BM][LDS];
-    __shared__ __align__(16) __half us[GLU ? BM : 1][LDS];
-    __shared__ __align__(16) __half bs[BN][LDS];
-    __shared__ int xrow[BN], yrow[BN];
-    const int tid = threadIdx.x, r0 = blockIdx.x * BM;
-    int e = 0;
     if (p.tiles) {
         if ((int)blockIdx.y >= *p.n_tiles)
-            return;
+            return -1;
         const int32_t *tl = p.tiles + 3 * blockIdx.y;
-        e = tl[0];
-        for (int i = tid; i < BN; i += MM_THREADS) {
+        for (int i = threadIdx.x; i < BN; i += MM_THREADS) {
             int a = tl[1] + i < tl[2] ? p.perm[tl[1] + i] : -1;
             xrow[i] = a < 0 ? -1 : a / p.x_div;
             yrow[i] = a;
         }
-    } else {
-        for (int i = tid; i < BN; i += MM_THREADS) {
-            int t = blockIdx.y * BN + i;
-            xrow[i] = t < p.n_tok ? t : -1;
-            yrow[i] = xrow[i];
-        }
+        return tl[0];
     }
-    const uint8_t *w = p.w + (size_t)e * p.nb2;
-    const uint8_t *u = GLU ? p.u + (size_t)e * p.nb2 : NULL;
+    for (int i = threadIdx.x; i < BN; i += MM_THREADS) {
+        int t = blockIdx.y * BN + i;
+        xrow[i] = t < p.n_tok ? t : -1;
+        yrow[i] = xrow[i];
+    }
+    return 0;
+}
 
 #ifdef STRATA_GPU_MMA_F16
-    const int warp = tid / 32, lane = tid % 32, wm = warp >> 1, wn = warp & 1;
-    const int g = lane >> 2, c = lane & 3;
-    float acc[2][4][4], accu[GLU ? 2 : 1][GLU ? 4 : 1][4];
+template <bool GLU>
+static __device__ __forceinline__ void mm_zero(float (&acc)[2][4][4],
+                                               float (&accu)[GLU ? 2 : 1][GLU ? 4 : 1][4])
+{
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -105,6 +101,75 @@ __global__ void __launch_bounds__(MM_THREADS) mm_kernel(struct mm_params p)
                 if (GLU)
                     accu[GLU ? i : 0][GLU ? j : 0][q] = 0.0f;
             }
+}
+
+/* One k16 step of a warp's 32 x 32 tile (and of the up matrix's, GLU). */
+template <bool GLU>
+static __device__ __forceinline__ void mm_mma(float (&acc)[2][4][4],
+                                              float (&accu)[GLU ? 2 : 1][GLU ? 4 : 1][4],
+                                              const uint32_t (&af)[2][4],
+                                              const uint32_t (&uf)[2][4],
+                                              const uint32_t (&bf)[4][2])
+{
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++) {
+            mma16816(acc[mi][ni], af[mi], bf[ni]);
+            if (GLU)
+                mma16816(accu[GLU ? mi : 0][GLU ? ni : 0], uf[mi], bf[ni]);
+        }
+}
+
+/* The accumulator fragments of warp (wm, wn) to y: SwiGLU of gate and up (GLU), or plus
+ * add; rows past ne1 and empty tile rows are skipped. */
+template <bool GLU>
+static __device__ __forceinline__ void mm_store(const struct mm_params &p, int r0, int wm, int wn,
+                                                int g, int c, const int *yrow,
+                                                const float (&acc)[2][4][4],
+                                                const float (&accu)[GLU ? 2 : 1][GLU ? 4 : 1][4])
+{
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                int row = r0 + wm * 32 + mi * 16 + g + 8 * (q >> 1);
+                int n = wn * 32 + ni * 8 + 2 * c + (q & 1);
+                int yr = yrow[n];
+                if (row >= p.ne1 || yr < 0)
+                    continue;
+                int64_t o = (int64_t)yr * p.y_stride + row;
+                float v = acc[mi][ni][q];
+                if (GLU)
+                    v = v / (1.0f + expf(-v)) * accu[GLU ? mi : 0][GLU ? ni : 0][q];
+                else if (p.add)
+                    v += p.add[o];
+                p.y[o] = v;
+            }
+}
+#endif
+
+template <int T, bool GLU>
+__global__ void __launch_bounds__(MM_THREADS) mm_kernel(struct mm_params p)
+{
+    __shared__ __align__(16) __half as[BM][LDS];
+    __shared__ __align__(16) __half us[GLU ? BM : 1][LDS];
+    __shared__ __align__(16) __half bs[BN][LDS];
+    __shared__ int xrow[BN], yrow[BN];
+    const int tid = threadIdx.x, r0 = blockIdx.x * BM;
+    const int e = mm_tile(p, xrow, yrow);
+    if (e < 0)
+        return;
+    const uint8_t *w = p.w + (size_t)e * p.nb2;
+    const uint8_t *u = GLU ? p.u + (size_t)e * p.nb2 : NULL;
+
+#ifdef STRATA_GPU_MMA_F16
+    const int warp = tid / 32, lane = tid % 32, wm = warp >> 1, wn = warp & 1;
+    const int g = lane >> 2, c = lane & 3;
+    float acc[2][4][4], accu[GLU ? 2 : 1][GLU ? 4 : 1][4];
+    mm_zero<GLU>(acc, accu);
 #else
     const int frow = tid % BM, fng = tid / BM; /* row and half of the tokens */
     float acc[BN / 2], accu[GLU ? BN / 2 : 1];
@@ -163,14 +228,7 @@ __global__ void __launch_bounds__(MM_THREADS) mm_kernel(struct mm_params p)
                 bf[ni][0] = LD32(&bs[nb][kk + 2 * c]);
                 bf[ni][1] = LD32(&bs[nb][kk + 2 * c + 8]);
             }
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                for (int ni = 0; ni < 4; ni++) {
-                    mma16816(acc[mi][ni], af[mi], bf[ni]);
-                    if (GLU)
-                        mma16816(accu[GLU ? mi : 0][GLU ? ni : 0], uf[mi], bf[ni]);
-                }
+            mm_mma<GLU>(acc, accu, af, uf, bf);
         }
 #else
         for (int k = 0; k < BK; k++) {
@@ -188,25 +246,7 @@ __global__ void __launch_bounds__(MM_THREADS) mm_kernel(struct mm_params p)
     }
 
 #ifdef STRATA_GPU_MMA_F16
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                int row = r0 + wm * 32 + mi * 16 + g + 8 * (q >> 1);
-                int n = wn * 32 + ni * 8 + 2 * c + (q & 1);
-                int yr = yrow[n];
-                if (row >= p.ne1 || yr < 0)
-                    continue;
-                int64_t o = (int64_t)yr * p.y_stride + row;
-                float v = acc[mi][ni][q];
-                if (GLU)
-                    v = v / (1.0f + expf(-v)) * accu[GLU ? mi : 0][GLU ? ni : 0][q];
-                else if (p.add)
-                    v += p.add[o];
-                p.y[o] = v;
-            }
+    mm_store<GLU>(p, r0, wm, wn, g, c, yrow, acc, accu);
 #else
 #pragma unroll
     for (int j = 0; j < BN / 2; j++) {
@@ -354,39 +394,15 @@ __global__ void __launch_bounds__(MM_THREADS, 4) mm2_kernel(struct mm_params p, 
     __shared__ __align__(16) __half bs[2][BN][LDS];
     __shared__ int xrow[BN], yrow[BN];
     const int tid = threadIdx.x, r0 = blockIdx.x * BM;
-    int e = 0;
-    if (p.tiles) {
-        if ((int)blockIdx.y >= *p.n_tiles)
-            return;
-        const int32_t *tl = p.tiles + 3 * blockIdx.y;
-        e = tl[0];
-        for (int i = tid; i < BN; i += MM_THREADS) {
-            int a = tl[1] + i < tl[2] ? p.perm[tl[1] + i] : -1;
-            xrow[i] = a < 0 ? -1 : a / p.x_div;
-            yrow[i] = a;
-        }
-    } else {
-        for (int i = tid; i < BN; i += MM_THREADS) {
-            int t = blockIdx.y * BN + i;
-            xrow[i] = t < p.n_tok ? t : -1;
-            yrow[i] = xrow[i];
-        }
-    }
+    const int e = mm_tile(p, xrow, yrow);
+    if (e < 0)
+        return;
     const uint8_t *w = p.w + (size_t)e * p.nb2;
     const uint8_t *u = GLU ? p.u + (size_t)e * p.nb2 : NULL;
     const int warp = tid / 32, lane = tid % 32, wm = warp >> 1, wn = warp & 1;
     const int g = lane >> 2, c = lane & 3;
     float acc[2][4][4], accu[GLU ? 2 : 1][GLU ? 4 : 1][4];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                acc[i][j][q] = 0.0f;
-                if (GLU)
-                    accu[GLU ? i : 0][GLU ? j : 0][q] = 0.0f;
-            }
+    mm_zero<GLU>(acc, accu);
     /* this thread's weight row and half (FAST) */
     const int frow = tid >> 1, fh = tid & 1;
     const bool frow_ok = r0 + frow < p.ne1;
@@ -456,36 +472,11 @@ __global__ void __launch_bounds__(MM_THREADS, 4) mm2_kernel(struct mm_params p, 
                 bf[ni + 1][0] = r4[2];
                 bf[ni + 1][1] = r4[3];
             }
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                for (int ni = 0; ni < 4; ni++) {
-                    mma16816(acc[mi][ni], af[mi], bf[ni]);
-                    if (GLU)
-                        mma16816(accu[GLU ? mi : 0][GLU ? ni : 0], uf[mi], bf[ni]);
-                }
+            mm_mma<GLU>(acc, accu, af, uf, bf);
         }
         __syncthreads();
     }
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-        for (int ni = 0; ni < 4; ni++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                int row = r0 + wm * 32 + mi * 16 + g + 8 * (q >> 1);
-                int n = wn * 32 + ni * 8 + 2 * c + (q & 1);
-                int yr = yrow[n];
-                if (row >= p.ne1 || yr < 0)
-                    continue;
-                int64_t o = (int64_t)yr * p.y_stride + row;
-                float v = acc[mi][ni][q];
-                if (GLU)
-                    v = v / (1.0f + expf(-v)) * accu[GLU ? mi : 0][GLU ? ni : 0][q];
-                else if (p.add)
-                    v += p.add[o];
-                p.y[o] = v;
-            }
+    mm_store<GLU>(p, r0, wm, wn, g, c, yrow, acc, accu);
 #else
     (void)p;
     (void)xh;
