@@ -547,6 +547,16 @@ __global__ void __launch_bounds__(AMMA_THREADS) attn_mma_kernel(struct strata_k_
 #endif
 }
 
+/* 1 if the loaded code of the matrix-unit kernel was built for sm_80 or newer (its body
+ * is empty below); read once */
+static int amma_image_ok(void)
+{
+    static int ok = -1;
+    if (ok < 0)
+        ok = strata_k_code_arch(reinterpret_cast<const void *>(attn_mma_kernel<128>)) >= 80;
+    return ok;
+}
+
 size_t strata_k_attn_counters(int n_tok, int n_head, int n_head_kv)
 {
     int n_rows = n_tok * (n_head / n_head_kv);
@@ -578,7 +588,7 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
     int n_rows = a->n_tok * (a->n_head / a->n_head_kv);
     if (a->mma && ctx->info.has_mma_f16 && a->n_split == 1 && !a->counters && !a->out_q8 &&
         (a->hd == 32 || a->hd == 64 || a->hd == 128) && a->q_stride % 4 == 0 &&
-        ((uintptr_t)a->q & 15) == 0) {
+        ((uintptr_t)a->q & 15) == 0 && amma_image_ok()) {
         dim3 gm((unsigned)((n_rows + AMMA_ROWS - 1) / AMMA_ROWS), (unsigned)a->n_head_kv),
             bm(AMMA_THREADS);
         if (a->hd == 128)

@@ -136,3 +136,13 @@ int strata_k_block_bytes(uint32_t type)
         return 0;
     }
 }
+
+int strata_k_code_arch(const void *func)
+{
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, func) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return fa.ptxVersion;
+}

@@ -64,6 +64,11 @@ int strata_gpu_info_query(int dev, struct strata_gpu_info *info, struct strata_e
  * and the build variable to set. */
 int strata_gpu_check_image(const struct strata_gpu_info *info, struct strata_err *err);
 
+/* The virtual architecture the loaded code of kernel func was compiled for (80 for
+ * sm_80 / compute_80 code, also when the driver JIT-compiled its PTX for a newer device),
+ * or 0 when the runtime cannot tell (cudaFuncGetAttributes' ptxVersion). */
+int strata_k_code_arch(const void *func);
+
 /* Check the launch just made: returns 0, or STRATA_E_GPU with a message naming the
  * kernel, its grid, block and shapes (a printf-style description), the device and
  * the runtime's error.  Synchronises first when ctx->sync_debug is set. */

@@ -483,6 +483,17 @@ __global__ void __launch_bounds__(MM_THREADS, 4) mm2_kernel(struct mm_params p, 
 #endif
 }
 
+/* 1 if the loaded code of the pipelined kernel was built for sm_80 or newer (its body is
+ * empty below); read once */
+static int mm2_image_ok(void)
+{
+    static int ok = -1;
+    if (ok < 0)
+        ok = strata_k_code_arch(reinterpret_cast<const void *>(mm2_kernel<KT_Q4_K, true, true>)) >=
+             80;
+    return ok;
+}
+
 int strata_k_matmul(struct strata_gpu_ctx *ctx, const struct strata_k_mm_args *a,
                     struct strata_err *err)
 {
@@ -524,8 +535,12 @@ int strata_k_matmul(struct strata_gpu_ctx *ctx, const struct strata_k_mm_args *a
     p.add = a->add;
     unsigned gy = a->tiles ? (unsigned)a->max_tiles : (unsigned)((a->n_tok + BN - 1) / BN);
     dim3 grid((unsigned)((w->ne1 + BM - 1) / BM), gy), block(MM_THREADS);
-    if (a->xh && ctx->info.has_mma_f16) {
-        int n_x = a->n_x > 0 ? a->n_x : (a->n_tok + p.x_div - 1) / p.x_div;
+    const int n_x = a->n_x > 0 ? a->n_x : (a->n_tok + p.x_div - 1) / p.x_div;
+    /* the pipelined kernel where the loaded image has its matrix-unit body (a build
+     * whose newest code is below sm_80, JIT-compiled for a newer device, has not) and
+     * the f16 rows fit the conversion's grid */
+    if (a->xh && ctx->info.has_mma_f16 && n_x <= 65535 && ((uintptr_t)a->xh & 15) == 0 &&
+        mm2_image_ok()) {
         int rc = strata_k_to_f16(ctx, a->x, a->x_stride, n_x, p.ne0, a->xh, err);
         if (rc)
             return strata_err_wrap(err, "matmul: ");

@@ -883,6 +883,20 @@ static void test_attention(int n_tok, int pos0, int n_head, int n_head_kv, int h
        rc ? err.msg : "");
     if (!rc && e > 1)
         diag("  at %zu: gpu %.9g ref %.9g", worst, got[worst], ref[worst]);
+    if (mma && !rc) {
+        /* the matrix-unit kernel ran: the FMA kernel sums in another order, so the two
+         * agree to the bound above but not in every bit */
+        float *fma_out = (float *)malloc(4 * nq);
+        a.mma = 0;
+        kt_poison(dout, 4 * nq);
+        rc = strata_k_attention(&ctx, &a, &err);
+        KT_CUDA(cudaDeviceSynchronize());
+        kt_down(fma_out, dout, 4 * nq);
+        ok(!rc && memcmp(fma_out, got, 4 * (size_t)nq) != 0,
+           "attention (matrix units) n_tok=%d hd=%d: not the FMA kernel's bits (it ran) %s",
+           n_tok, hd, rc ? err.msg : "");
+        free(fma_out);
+    }
     if (mma) {
         cudaFree(dq); cudaFree(dout); cudaFree(dk); cudaFree(dv); cudaFree(dpos);
         if (dscr) cudaFree(dscr);
@@ -1123,7 +1137,7 @@ static void test_matmul(uint32_t type, int64_t ne0, int64_t ne1, int n_tok, int 
         float *got2 = (float *)malloc(4 * ne1 * n_asg);
         kt_poison(dy, 4 * ne1 * n_asg);
         a.xh = dxh;
-        a.n_x = n_x;
+        a.n_x = grouped ? n_x : 0; /* dense: the default (n_tok rows) */
         rc = strata_k_matmul(&ctx, &a, &err);
         KT_CUDA(cudaDeviceSynchronize());
         kt_down(got2, dy, 4 * ne1 * n_asg);
@@ -1227,6 +1241,7 @@ static void test_ops(void)
     test_matmul(STRATA_TYPE_Q4_K, 256, 100, 45, 5, 3, 1, 0);  /* rows past the last tile */
     test_matmul(STRATA_TYPE_Q6_K, 768, 130, 90, 12, 8, 0, 0); /* grouped down, Q6_K */
     test_matmul(STRATA_TYPE_Q4_K, 1024, 70, 129, 0, 0, 0, 1); /* dense with add */
+    test_matmul(STRATA_TYPE_Q4_K, 512, 96, 70, 0, 0, 1, 0);   /* dense SwiGLU */
     test_matmul(STRATA_TYPE_Q5_K, 256, 130, 33, 16, 4, 0, 0); /* grouped down */
     test_matmul(STRATA_TYPE_IQ4_XS, 256, 64, 100, 3, 2, 1, 0);
     test_matmul(STRATA_TYPE_F32, 64, 10, 5, 0, 0, 0, 0);
