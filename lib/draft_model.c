@@ -67,23 +67,26 @@ static int model_propose(void *state, const int32_t *hist, int32_t n_hist, int32
     if (common == n_hist)
         common--; /* the last position must be evaluated for its logits */
     /* Catch up on the tokens the draft has not seen.  Drafting windows leave it one
-     * or two behind; after the back-off's plain run it is the whole run, taken as one
-     * batch here (the draft does not run while no window drafts).  Three or more go
-     * as a batch without logits and then the last token alone, so the only batch
-     * sizes that ask for logits are 1 and 2: a GPU backend captures a graph per size
-     * that asks for logits (about a millisecond each, on the first use of the size)
-     * and the catch-up after a plain run has a new size every time. */
+     * or two behind; after the back-off's plain run it is the whole run (the draft
+     * does not run while no window drafts).  Three or more go as batches without
+     * logits and then the last token alone, so the only batch sizes that ask for
+     * logits are 1 and 2: a GPU backend captures a graph per size that asks for logits
+     * (about a millisecond each, on the first use of the size) and the catch-up after
+     * a plain run has a new size every time. */
     int32_t n_new = n_hist - common;
     st->logits_at = -1;
     if ((rc = strata_engine_rollback(st->e, common, err)))
         return rc;
-    /* The batch without logits goes in pieces of at most STRATA_SPEC_MAX + 1 tokens: on
-     * a GPU backend those take the mat-vec kernels every window uses, where a longer
-     * batch takes the prefill path with a batch size not seen before (one such catch-up
-     * took 3.9 ms on the H200 with tinydraft, most of what the draft model cost there
-     * on text where it ends up drafting nothing). */
+    /* On a device backend the batch without logits goes in pieces of at most
+     * STRATA_SPEC_MAX + 1 tokens: those take the mat-vec kernels every window uses,
+     * where a longer batch takes the prefill path with a batch size not seen before
+     * (one such catch-up took 3.9 ms on the H200 with tinydraft, most of what the
+     * draft model cost there on text where it ends up drafting nothing).  The CPU
+     * takes it whole (one pass over the draft's weights). */
+    const char *be = strata_engine_backend_name(st->e);
+    const int32_t piece = be && strcmp(be, "cpu") != 0 ? STRATA_SPEC_MAX + 1 : n_new;
     for (int32_t done = 0, todo = n_new > 2 ? n_new - 1 : 0; todo > 0;) {
-        int32_t c = todo < STRATA_SPEC_MAX + 1 ? todo : STRATA_SPEC_MAX + 1;
+        int32_t c = todo < piece ? todo : piece;
         if ((rc = strata_engine_eval(st->e, hist + common + done, c, STRATA_LOGITS_NONE, NULL,
                                      err)))
             return rc;

@@ -179,10 +179,10 @@ struct strata_spec;
  * o->draft, else n-gram).  *out is owned by the caller (strata_spec_free).
  * On a backend other than "cpu" with n_max > 0 each window size 2..n_max + 1
  * is evaluated once past target's kv cache and rolled back (a GPU backend
- * captures a graph per size on first use), and with a draft model (and the
- * back-off on) a window of one draft is timed against a plain step the same
- * way (strata_spec_backoff_seed): target's kv cache and history are left as
- * they were.  Errors: STRATA_E_INVALID (n_max outside 0..16, mode
+ * captures a graph per size on first use); on the CPU, with the back-off on, a
+ * window of one draft is timed against a plain step the same way
+ * (strata_spec_backoff_seed): target's kv cache and history are left as they
+ * were.  Errors: STRATA_E_INVALID (n_max outside 0..16, mode
  * DRAFT without a draft engine, mismatched vocabularies; names it),
  * STRATA_E_UNSUPPORTED (mtp), STRATA_E_NOMEM, engine errors of the warm-ups
  * (wrapped "speculative warm-up"). */
@@ -258,10 +258,10 @@ int strata_spec_backoff_choose(struct strata_spec_backoff *b);
 
 /* Seed the cost of a window of k drafts (1..n_max), in plain steps, from a
  * measurement made before the generation: it counts as that size's exploring
- * windows.  strata_spec_create times a window of one draft against a plain step
- * when the draft is a model (step_ms > 0), so a CPU where such a window is
- * hopeless never drafts, not even to explore (whose first window would catch
- * the draft up on the whole prompt). */
+ * windows.  On the CPU strata_spec_create times a window of one draft (plus a draft
+ * model's step, step_ms) against a plain step, so a CPU where such a window is
+ * hopeless never drafts, not even to explore (whose first window would catch a
+ * draft model up on the whole prompt). */
 void strata_spec_backoff_seed(struct strata_spec_backoff *b, int k, double cost);
 
 /* The window that followed the last choice held k drafts (0..n_max; fewer than
