@@ -6,7 +6,8 @@
 #                                             (default devrun-p)
 #   scripts/gpu-profile.sh run [DIR] [WHAT]   there: WHAT is any of bench, ncu, offload,
 #                                             check, ab, offmem, offtest, prof, spec, xcpu,
-#                                             diag, ncupp (default bench ncu offload)
+#                                             diag, ncupp, gpushell, specgpu (default bench
+#                                             ncu offload)
 #
 # bench: bench_gpu --tg 128 --reps 3 (decode and prefill, all in VRAM).  ncu: the time each
 # kernel of a few decode steps runs once scheduled (Nsight Compute, graph nodes profiled
@@ -20,6 +21,10 @@
 # test_expert_offload.  prof: per-operation times (STRATA_GPU_PROFILE=1).  spec:
 # scripts/bench-spec.sh on the host's CPU (all its threads, or $SPEC_THREADS; more
 # options in $SPEC_ARGS).  ncupp: Nsight Compute's full report of a few prefill kernels.
+# gpushell: the GPU shell tests (tests/gpu/t0610, t0612, t0900) on the packed programs
+# and fixtures.  specgpu: scripts/bench-spec.sh on the GPU (-F 512; more in $SPEC_ARGS).
+# The fixtures do not fit one transfer: pack the F16 models in one run and the
+# quantised ones (Q8_0, IQ*) in another.
 # xcpu: bench_expert_cpu.
 # diag: bench_offload mapping a freshly written file on the disk, with the process's
 # kernel stacks and the host's dirty and writeback memory sampled while it opens.
@@ -106,6 +111,18 @@ for w in $what; do
             --launch-count ${NCU_COUNT:-6} --set full --page details \
             "$d/bench_gpu" --pp 512 --tg 2 --reps 1 > "$out/ncupp.txt" 2> "$out/ncupp.err"
         echo "ncupp: exit $?, $(wc -l < "$out/ncupp.txt") lines"; tail -3 "$out/ncupp.err" ;;
+    gpushell)
+        for t in t0610-gpu-stories t0612-gpu-perplexity t0900-gpu-spec; do
+            STRATA_BIN=$(cd "$d" && pwd)/bin STRATA_ROOT=$(pwd) \
+                STRATA_FIXTURES=$(cd "$d" && pwd)/fixtures timeout 300 \
+                bash "tests/gpu/$t.sh" > "$out/$t.log" 2>&1
+            echo "$t: exit $?, $(grep -c '^ok' "$out/$t.log") ok, $(grep -c '^not ok' "$out/$t.log") not ok"
+            grep '^not ok' "$out/$t.log" | head -10
+        done ;;
+    specgpu)
+        STRATA_FIXTURES=$(cd "$d" && pwd)/fixtures timeout 400 scripts/bench-spec.sh \
+            -b "$d/bin" -x "$d/bench_spec" -B cuda -r ${SPEC_REPS:-5} -F 512 \
+            -a --no-selftest ${SPEC_ARGS:-} 2>&1 | tee -a "$out/specgpu.log" ;;
     xcpu)
         timeout 120 "$d/bench_expert_cpu" -t "$(nproc)" 2>&1 | tee "$out/xcpu.log" ;;
     diag)
