@@ -408,14 +408,13 @@ static void graphs_drop(struct gpu_state *s)
 
 /* The pipelined mat-mat kernel's f16 activations (s->mmh): the widest input of a
  * prefill product, T tokens or A expert assignments.  Nothing where the device has no
- * matrix units or STRATA_MM_V1=1 left s->mmh_cap at 0. */
+ * matrix units or with STRATA_MM_V1=1 (the first kernel). */
 static int mmh_alloc(struct gpu_state *s, size_t T, size_t A, size_t ffmax,
                      struct strata_err *err)
 {
-    if (!s->mmh_cap || !s->ctx.info.has_mma_f16) {
-        s->mmh_cap = 0;
+    const char *v1 = getenv("STRATA_MM_V1");
+    if ((v1 && *v1 && strcmp(v1, "0") != 0) || !s->ctx.info.has_mma_f16)
         return 0;
-    }
     size_t w = (size_t)s->n_embd;
     if ((size_t)s->n_q > w)
         w = (size_t)s->n_q;
@@ -615,8 +614,6 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         s->pin_in = !(ni && *ni && strcmp(ni, "0") != 0);
         const char *am = getenv("STRATA_ATT_MMA");
         s->att_mma = am && *am && strcmp(am, "0") != 0;
-        const char *m1 = getenv("STRATA_MM_V1");
-        s->mmh_cap = m1 && *m1 && strcmp(m1, "0") != 0 ? 0 : 1;
         /* programmatic dependent launches (sm_90+): each decode kernel is scheduled
          * while the one before it finishes; STRATA_NO_PDL=1 turns them off */
         const char *np = getenv("STRATA_NO_PDL");
@@ -889,7 +886,6 @@ static int glu(struct gpu_state *s, const struct strata_k_weight *g, const struc
         a.x_stride = g->ne0;
         a.y = y;
         a.y_stride = g->ne1;
-        a.n_x = n;
         a.xh = mmh_for(s, n, g->ne0);
         return strata_k_matmul(&s->ctx, &a, err);
     }
@@ -926,7 +922,6 @@ static int down_exps(struct gpu_state *s, const struct strata_k_weight *w, const
         a.x_stride = w->ne0;
         a.y = y;
         a.y_stride = w->ne1;
-        a.n_x = rows;
         a.xh = mmh_for(s, rows, w->ne0);
         return strata_k_matmul(&s->ctx, &a, err);
     }

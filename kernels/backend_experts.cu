@@ -1077,8 +1077,6 @@ static int run_round(struct strata_gpu_ec *gx, int il, int n, const struct strat
         a.x_stride = E;
         a.y = io->act;
         a.y_stride = g->ne1;
-        /* perm indexes all n * K assignments of the batch, not only the m planned */
-        a.n_x = n;
         a.xh = io->xh && (size_t)n * E <= io->xh_cap ? io->xh : NULL;
         if ((rc = strata_k_matmul(gx->ctx, &a, err)))
             return rc;
@@ -1090,8 +1088,7 @@ static int run_round(struct strata_gpu_ec *gx, int il, int n, const struct strat
         a.x_stride = d->ne0;
         a.y = io->eout;
         a.y_stride = E;
-        a.n_x = n * gx->K;
-        a.xh = io->xh && (size_t)a.n_x * d->ne0 <= io->xh_cap ? io->xh : NULL;
+        a.xh = io->xh && (size_t)A * d->ne0 <= io->xh_cap ? io->xh : NULL;
         return strata_k_matmul(gx->ctx, &a, err);
     }
     if (n <= gx->mv_max && gx->q8_ffn[il] && io->xq && io->actq && gx->d_xgq)

@@ -21,6 +21,7 @@ static double now_ms(void)
 struct model_state {
     struct strata_engine *e; /* not owned */
     float *logits;           /* [n_vocab] */
+    int32_t piece;           /* most tokens of a catch-up batch without logits */
     int32_t logits_at;       /* logits follow the draft's first logits_at positions
                                 (-1: none) */
 };
@@ -82,11 +83,9 @@ static int model_propose(void *state, const int32_t *hist, int32_t n_hist, int32
      * where a longer batch takes the prefill path with a batch size not seen before
      * (one such catch-up took 3.9 ms on the H200 with tinydraft, most of what the
      * draft model cost there on text where it ends up drafting nothing).  The CPU
-     * takes it whole (one pass over the draft's weights). */
-    const char *be = strata_engine_backend_name(st->e);
-    const int32_t piece = be && strcmp(be, "cpu") != 0 ? STRATA_SPEC_MAX + 1 : n_new;
+     * takes it whole (one pass over the draft's weights; st->piece). */
     for (int32_t done = 0, todo = n_new > 2 ? n_new - 1 : 0; todo > 0;) {
-        int32_t c = todo < piece ? todo : piece;
+        int32_t c = todo < st->piece ? todo : st->piece;
         if ((rc = strata_engine_eval(st->e, hist + common + done, c, STRATA_LOGITS_NONE, NULL,
                                      err)))
             return rc;
@@ -125,6 +124,8 @@ int strata_draft_model_init(struct strata_spec_draft *d, struct strata_engine *d
     }
     st->e = draft;
     st->logits_at = -1;
+    const char *be = strata_engine_backend_name(draft);
+    st->piece = be && strcmp(be, "cpu") != 0 ? STRATA_SPEC_MAX + 1 : INT32_MAX;
     /* Warm-up: the draft's first forward calls carry one-time costs (a GPU backend
      * loads kernels, sets up its matrix library and captures a graph per batch size
      * that asks for logits, on the second use of the size); paid here, at open, they
