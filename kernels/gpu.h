@@ -45,6 +45,10 @@
 #define cudaMemGetInfo hipMemGetInfo
 #define cudaHostRegister hipHostRegister
 #define cudaHostUnregister hipHostUnregister
+#define cudaHostGetDevicePointer hipHostGetDevicePointer
+#define cudaHostRegisterMapped hipHostRegisterMapped
+#define cudaHostAlloc hipHostMalloc
+#define cudaHostAllocMapped hipHostMallocMapped
 #define cudaStreamWaitEvent hipStreamWaitEvent
 #define cudaEventQuery hipEventQuery
 #define cudaEventCreateWithFlags hipEventCreateWithFlags
@@ -226,6 +230,17 @@ static __device__ __forceinline__ void strata_pdl_trigger(void)
 {
 #if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Ask for the 128-byte line at p in L2 (NVIDIA; a no-op elsewhere): for weights a
+ * kernel reads after its strata_pdl_wait(), which do not depend on the kernel before. */
+static __device__ __forceinline__ void strata_prefetch_l2(const void *p)
+{
+#if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+    (void)p;
 #endif
 }
 

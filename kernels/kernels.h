@@ -177,6 +177,12 @@ struct strata_k_mvq_args {
     float *ny;
     void *nyq;
     int *counter;
+    /* GLU and COMBINE with ids: etab [3 * n_expert] device-readable pointers to expert
+     * e's gate, up and down matrices (etab[3 e], [3 e + 1], [3 e + 2]), used instead
+     * of w->data + e * nb2 (GLU: gate and up; COMBINE: down), so that each expert may
+     * live anywhere the device can read: a VRAM slot, or mapped host memory read over
+     * PCIe.  The same products in the same order; NULL: the stacks. */
+    const void *const *etab;
     /* PLAIN with 2 rows per group (ne1 >= 16384, Q6_K/Q8_0, rows 16-byte aligned):
      * stage the rows through shared memory; 0: unless STRATA_NO_MVQ_STAGE=1, 1: yes,
      * -1: no.  The results are the same bits either way. */
@@ -291,8 +297,8 @@ int strata_k_moe_route(struct strata_gpu_ctx *ctx, const float *logits, int n_to
 /* The router and strata_k_moe_route in one launch, for decode-sized batches: logits
  * [n_tok, n_expert] = x [n_tok, n] (row stride n) times the F32 router rw [n_expert rows
  * of n], then ids and w as strata_k_moe_route (same results for the same logits).
- * counter: n_tok ints of device memory, zero before and after the launch.  n % 4 == 0,
- * x 16-byte aligned. */
+ * counter: an int of device memory, zero before and after the launch.  n_tok <= 64,
+ * n % 4 == 0, x 16-byte aligned.  A token's logits do not depend on n_tok (bitwise). */
 int strata_k_moe_router_topk(struct strata_gpu_ctx *ctx, const struct strata_k_weight *rw,
                              const float *x, int n_tok, float *logits, int *counter, int k,
                              int norm, float scale, int32_t *ids, float *w,

@@ -108,6 +108,10 @@ __global__ void quantize_q8_kernel(const float *x, int64_t x_stride, int n, int 
                                    uint8_t *yq, size_t yq_row)
 {
     __shared__ float scratch[STRATA_GPU_MAX_WARP];
+    /* the norm weights do not depend on the kernel before: on their way meanwhile */
+    if (norm && w)
+        for (int i = 32 * threadIdx.x; i < n; i += 32 * blockDim.x)
+            strata_prefetch_l2(w + i);
     strata_pdl_wait();
     strata_pdl_trigger();
     norm_q8_row<false>(x + (int64_t)blockIdx.x * x_stride, n, norm, w, eps,
@@ -286,6 +290,8 @@ struct mvq_params {
     size_t nb1, nb2;
     int ne1, nu, tpr;
     const int32_t *ids;
+    const uint8_t *const *tab; /* strata_k_mvq_args.etab, or NULL */
+    int tab_w;                 /* the part w is: 0 gate (GLU), 2 down (COMBINE) */
     int x_group, k;
     const float *cw;
     const uint8_t *xq;
@@ -355,7 +361,8 @@ __global__ void __launch_bounds__(512) mvq_kernel(struct mvq_params p)
 #pragma unroll 4
         for (int i = gl; i < items; i += tpr) {
             int j = i / p.nu, uu = i - j * p.nu, sl = s * p.k + j;
-            const uint8_t *wb = p.w + (size_t)p.ids[sl] * p.nb2;
+            const uint8_t *wb = p.tab ? p.tab[3 * (size_t)p.ids[sl] + 2]
+                                      : p.w + (size_t)p.ids[sl] * p.nb2;
             const uint8_t *xr = p.xq + (size_t)(sl / p.x_group) * p.xq_row;
             float cw = p.cw[sl];
 #pragma unroll
@@ -366,18 +373,28 @@ __global__ void __launch_bounds__(512) mvq_kernel(struct mvq_params p)
                               acc[r]);
         }
     } else {
-        const size_t base = STAGE ? 0 : p.ids ? (size_t)p.ids[s] * p.nb2 : 0;
         const uint8_t *xr = STAGE ? stage : p.xq + (size_t)(s / p.x_group) * p.xq_row;
-        const uint8_t *wr = STAGE ? stage + p.xq_row : p.w;
+        const uint8_t *wr, *ur = NULL;
+        if (!STAGE && p.tab) {
+            const size_t e3 = 3 * (size_t)p.ids[s];
+            wr = p.tab[e3 + p.tab_w];
+            if (MODE == STRATA_K_MVQ_GLU)
+                ur = p.tab[e3 + 1];
+        } else {
+            const size_t base = STAGE ? 0 : p.ids ? (size_t)p.ids[s] * p.nb2 : 0;
+            wr = (STAGE ? stage + p.xq_row : p.w) + base;
+            if (MODE == STRATA_K_MVQ_GLU)
+                ur = p.u + base;
+        }
         const int8_t *xq = (const int8_t *)xr;
         const float *xd = (const float *)(xr + ne0);
 #pragma unroll 2
         for (int i = gl; i < p.nu; i += tpr) {
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                acc[r] += mvq<T>::dot(wr + base + roff[r], i, xq, xd);
+                acc[r] += mvq<T>::dot(wr + roff[r], i, xq, xd);
                 if (MODE == STRATA_K_MVQ_GLU)
-                    acc2[r] += mvq<T>::dot(p.u + base + roff[r], i, xq, xd);
+                    acc2[r] += mvq<T>::dot(ur + roff[r], i, xq, xd);
             }
         }
     }
@@ -510,6 +527,8 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     p.ne1 = (int)w->ne1;
     p.nu = (int)(w->ne0 / 32);
     p.ids = a->ids;
+    p.tab = a->ids && mode != STRATA_K_MVQ_PLAIN ? (const uint8_t *const *)a->etab : NULL;
+    p.tab_w = mode == STRATA_K_MVQ_GLU ? 0 : 2;
     p.x_group = a->x_group;
     p.k = mode == STRATA_K_MVQ_COMBINE ? a->k : 1;
     p.cw = a->cw;
@@ -535,7 +554,7 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     int rows = mode == STRATA_K_MVQ_GLU ? MVQ_QROWS : MVQ_THREADS / p.tpr * R;
     dim3 grid((unsigned)((w->ne1 + rows - 1) / rows), (unsigned)a->n_slot);
     dim3 block((unsigned)(rows / R * p.tpr));
-    const int stage = mode == STRATA_K_MVQ_PLAIN && R == 2 && (w->type == KT_Q6_K ||
+    const int stage = mode == STRATA_K_MVQ_PLAIN && R == 2 && !p.tab && (w->type == KT_Q6_K ||
                                                                w->type == KT_Q8_0) &&
                       !(w->nb1 & 15) && !(w->nb2 & 15) && !((uintptr_t)w->data & 15) &&
                       p.xq_row + (size_t)rows * w->nb1 <= MVQ_STAGE_BYTES &&

@@ -30,8 +30,9 @@ static __device__ void route_warp(float *p, int n_expert, int k, int norm, float
         s += p[e];
     }
     s = strata_warp_sum(s);
-    float sel = 0.0f, wj[32];
-    int ij[32];
+    /* lane j keeps the j-th choice (k <= 32 <= warpSize) */
+    float sel = 0.0f, wmine = 0.0f;
+    int imine = 0;
     for (int j = 0; j < k; j++) {
         float bv = -1.0f;
         int bi = 0x7fffffff;
@@ -50,17 +51,16 @@ static __device__ void route_warp(float *p, int n_expert, int k, int norm, float
         }
         if (bi < n_expert && lane == bi % warpSize)
             p[bi] = -2.0f;
-        if (j < 32) {
-            wj[j] = bv / s;
-            ij[j] = bi;
+        if (lane == j) {
+            wmine = bv / s;
+            imine = bi;
         }
         sel += bv / s;
     }
-    if (lane == 0)
-        for (int j = 0; j < k && j < 32; j++) {
-            ids[j] = ij[j];
-            w[j] = (norm ? wj[j] / sel : wj[j]) * scale;
-        }
+    if (lane < k) {
+        ids[lane] = imine;
+        w[lane] = (norm ? wmine / sel : wmine) * scale;
+    }
 }
 
 /* One warp per token. */
@@ -80,52 +80,80 @@ __global__ void moe_route_kernel(const float *__restrict__ logits, int n_tok, in
     route_warp(p, n_expert, k, norm, scale, ids + (int64_t)t * k, w + (int64_t)t * k);
 }
 
-/* Router and routing in one launch (decode-sized batches): block (i, t) computes the
- * logits of the experts its warps own (one row of the F32 router each, lane-strided
- * float4 sums, then the warp tree: the order depends on n only); the last block done
- * with token t routes it as moe_route_kernel does and resets the counter. */
-__global__ void moe_router_topk_kernel(const float *__restrict__ rw, const float *__restrict__ x,
-                                       int n, int n_expert, float *logits, int *counter, int k,
-                                       int norm, float scale, int32_t *__restrict__ ids,
-                                       float *__restrict__ w)
+#define ROUTER_THREADS 256
+#define ROUTER_PRE 4       /* float4s of its router row a thread loads before the PDL wait */
+#define ROUTER_MAX_TOK 64  /* tokens of one moe_router_topk launch */
+#define ROUTER_WARPS 4     /* warps of the last block that route, one token each */
+
+/* Router and routing in one launch (decode-sized batches).  Block e owns expert e:
+ * its threads load their part of the router row (float4 i = thread + j * blockDim.x)
+ * before waiting for the kernel that wrote x, so that the weights' memory latency
+ * overlaps that kernel; then, per token, the thread's products in the order of i and the
+ * block tree (strata_block_sum): the order depends on n and the warp size only, never
+ * on n_tok.  The last block done routes every token as moe_route_kernel does (a warp
+ * per token) and resets the counter. */
+__global__ void __launch_bounds__(ROUTER_THREADS)
+    moe_router_topk_kernel(const float *__restrict__ rw, const float *__restrict__ x, int n,
+                           int n_tok, int n_expert, float *logits, int *counter, int k,
+                           int norm, float scale, int32_t *__restrict__ ids,
+                           float *__restrict__ w)
 {
-    __shared__ float p[ROUTE_MAX_EXPERT];
+    __shared__ float red[STRATA_GPU_MAX_WARP];
+    __shared__ float p[ROUTER_WARPS][ROUTE_MAX_EXPERT];
     __shared__ int last;
+    const int e = blockIdx.x, n4 = n / 4;
+    const float4 *wr = (const float4 *)(rw + (int64_t)e * n);
+    float4 pre[ROUTER_PRE];
+#pragma unroll
+    for (int j = 0; j < ROUTER_PRE; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        pre[j] = i < n4 ? wr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
     strata_pdl_wait();
     strata_pdl_trigger();
-    const int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
-    const int t = blockIdx.y, e = blockIdx.x * (blockDim.x / warpSize) + wid;
-    if (e < n_expert) {
-        const float *wr = rw + (int64_t)e * n, *xr = x + (int64_t)t * n;
+    for (int t = 0; t < n_tok; t++) {
+        const float4 *xr = (const float4 *)(x + (int64_t)t * n);
         float s = 0.0f;
-#pragma unroll 8
-        for (int i = 4 * lane; i < n; i += 4 * warpSize) {
-            float4 a = *(const float4 *)(wr + i), b = *(const float4 *)(xr + i);
+#pragma unroll
+        for (int j = 0; j < ROUTER_PRE; j++) {
+            const int i = threadIdx.x + j * blockDim.x;
+            if (i < n4) {
+                const float4 b = xr[i];
+                s = fmaf(pre[j].x, b.x, s);
+                s = fmaf(pre[j].y, b.y, s);
+                s = fmaf(pre[j].z, b.z, s);
+                s = fmaf(pre[j].w, b.w, s);
+            }
+        }
+        for (int i = threadIdx.x + ROUTER_PRE * blockDim.x; i < n4; i += blockDim.x) {
+            const float4 a = wr[i], b = xr[i];
             s = fmaf(a.x, b.x, s);
             s = fmaf(a.y, b.y, s);
             s = fmaf(a.z, b.z, s);
             s = fmaf(a.w, b.w, s);
         }
-        s = strata_warp_sum(s);
-        if (lane == 0)
+        s = strata_block_sum(s, red);
+        if (threadIdx.x == 0)
             logits[(int64_t)t * n_expert + e] = s;
     }
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0)
-        last = atomicAdd(&counter[t], 1) == (int)gridDim.x - 1;
+        last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
     __syncthreads();
     if (!last)
         return;
     __threadfence();
-    if (wid == 0) {
+    const int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
+    const int nw = min((int)(blockDim.x / warpSize), ROUTER_WARPS);
+    for (int t = wid; wid < nw && t < n_tok; t += nw) {
         const volatile float *lr = logits + (int64_t)t * n_expert;
         for (int i = lane; i < n_expert; i += warpSize)
-            p[i] = lr[i];
-        route_warp(p, n_expert, k, norm, scale, ids + (int64_t)t * k, w + (int64_t)t * k);
+            p[wid][i] = lr[i];
+        route_warp(p[wid], n_expert, k, norm, scale, ids + (int64_t)t * k, w + (int64_t)t * k);
     }
     if (threadIdx.x == 0)
-        counter[t] = 0;
+        *counter = 0;
 }
 
 int strata_k_moe_router_topk(struct strata_gpu_ctx *ctx, const struct strata_k_weight *rw,
@@ -135,17 +163,16 @@ int strata_k_moe_router_topk(struct strata_gpu_ctx *ctx, const struct strata_k_w
 {
     int n = (int)rw->ne0, n_expert = (int)rw->ne1;
     if (rw->type != 0 /* F32 */ || rw->ne0 % 4 || rw->ne0 > INT32_MAX ||
-        rw->nb1 != 4 * (size_t)rw->ne0 || n_tok <= 0 || n_tok > 65535 || n_expert <= 0 ||
-        n_expert > ROUTE_MAX_EXPERT || k <= 0 || k > n_expert || k > 32 || !counter ||
-        ((uintptr_t)x & 15) || ((uintptr_t)rw->data & 15))
+        rw->nb1 != 4 * (size_t)rw->ne0 || n_tok <= 0 || n_tok > ROUTER_MAX_TOK ||
+        n_expert <= 0 || n_expert > ROUTE_MAX_EXPERT || k <= 0 || k > n_expert || k > 32 ||
+        !counter || ((uintptr_t)x & 15) || ((uintptr_t)rw->data & 15))
         return strata_k_err(err, STRATA_E_INVALID,
                             "moe_router_topk: bad shape type=%u n=%d n_expert=%d n_tok=%d k=%d "
-                            "(F32 router, n %% 4 == 0, n_expert <= %d, k <= 32)", rw->type, n,
-                            n_expert, n_tok, k, ROUTE_MAX_EXPERT);
-    int per = 128 / ctx->info.warp_size;
-    dim3 grid((unsigned)((n_expert + per - 1) / per), (unsigned)n_tok), block(128);
+                            "(F32 router, n %% 4 == 0, n_expert <= %d, n_tok <= %d, k <= 32)",
+                            rw->type, n, n_expert, n_tok, k, ROUTE_MAX_EXPERT, ROUTER_MAX_TOK);
+    dim3 grid((unsigned)n_expert), block(ROUTER_THREADS);
     strata_k_launch(ctx, moe_router_topk_kernel, grid, block, (const float *)rw->data, x, n,
-                    n_expert, logits, counter, k, norm, scale, ids, w);
+                    n_tok, n_expert, logits, counter, k, norm, scale, ids, w);
     return strata_k_check(ctx, "moe_router_topk_kernel", grid, block, err,
                           "n=%d n_expert=%d n_tok=%d k=%d", n, n_expert, n_tok, k);
 }

@@ -408,6 +408,54 @@ static void test_matvec_q8(uint32_t type, int64_t ne0, int64_t ne1, int n_exp, i
     KT_CUDA(cudaDeviceSynchronize());
     kt_down(got, dy, sizeof(float) * ne1 * n_slot);
     kt_down(gq, dyq, yrb * n_slot);
+    if (a.ids && mode != STRATA_K_MVQ_PLAIN && !fuse && !rc) {
+        /* the same products through an expert table: even experts in VRAM buffers of
+         * their own, odd ones in mapped host memory read over PCIe */
+        const size_t mb = rb * (size_t)ne1;
+        void **own = (void **)calloc(3 * (size_t)n_exp, sizeof(void *));
+        const void **tab = (const void **)calloc(3 * (size_t)n_exp, sizeof(void *));
+        for (int e = 0; e < n_exp; e++)
+            for (int part = 0; part < 3; part++) {
+                if (glu ? part == 2 : part != 2)
+                    continue;
+                const uint8_t *src = (part == 1 ? u : w) + (size_t)e * mb;
+                void *dp = NULL;
+                if (e % 2 == 0) {
+                    dp = own[3 * e + part] = kt_up(src, mb);
+                } else {
+                    KT_CUDA(cudaHostAlloc(&own[3 * e + part], mb, cudaHostAllocMapped));
+                    memcpy(own[3 * e + part], src, mb);
+                    KT_CUDA(cudaHostGetDevicePointer(&dp, own[3 * e + part], 0));
+                }
+                tab[3 * e + part] = dp;
+            }
+        void *dtab = kt_up(tab, sizeof(void *) * 3 * (size_t)n_exp);
+        if (with_add)
+            KT_CUDA(cudaMemcpy(dy, add, sizeof(float) * ne1 * n_slot, cudaMemcpyHostToDevice));
+        else
+            kt_poison(dy, sizeof(float) * ne1 * n_slot);
+        kt_poison(dyq, yrb * n_slot);
+        a.etab = (const void *const *)dtab;
+        int rt = strata_k_matvec_q8(&ctx, &a, &err);
+        a.etab = NULL;
+        KT_CUDA(cudaDeviceSynchronize());
+        float *got2 = (float *)malloc(sizeof(float) * ne1 * n_slot);
+        uint8_t *gq2 = (uint8_t *)malloc(yrb * n_slot);
+        kt_down(got2, dy, sizeof(float) * ne1 * n_slot);
+        kt_down(gq2, dyq, yrb * n_slot);
+        int same = !rt && memcmp(got, got2, sizeof(float) * ne1 * n_slot) == 0 &&
+                   (!q8_out || memcmp(gq, gq2, yrb * n_slot) == 0);
+        ok(same, "matvec_q8 mode %d %s through an expert table (VRAM buffers and mapped host "
+           "memory): %s%s", mode, strata_ggml_type_name(type),
+           same ? "the stacks' bits" : "other results", rt ? err.msg : "");
+        for (int i = 0; i < 3 * n_exp; i++)
+            if (own[i] && i / 3 % 2 == 0)
+                cudaFree(own[i]);
+            else if (own[i])
+                cudaFreeHost(own[i]);
+        cudaFree(dtab);
+        free(own); free(tab); free(got2); free(gq2);
+    }
     if (fuse && !rc) {
         float *gn = (float *)malloc(sizeof(float) * ne1 * n_slot), *rn = (float *)malloc(sizeof(float) * ne1 * n_slot);
         uint8_t *gnq = (uint8_t *)malloc(yrb * n_slot);
@@ -611,10 +659,21 @@ static void test_router_topk(int n_tok, int n_expert, int n, int k, int norm)
         kt_poison(di, sizeof(int32_t) * n_tok * k);
         rc = strata_k_moe_router_topk(&ctx, &kw, dx, n_tok, dl, dc, k, norm, 0.5f, di, dwt, &err);
     }
+    KT_CUDA(cudaDeviceSynchronize());
+    kt_down(got, dl, sizeof(float) * n_tok * n_expert);
+    /* the last token alone: its logits are the bits it got in the batch */
+    float *one = (float *)malloc(sizeof(float) * n_expert);
+    if (!rc)
+        rc = strata_k_moe_router_topk(&ctx, &kw, dx + (size_t)(n_tok - 1) * n, 1, dl, dc, k,
+                                      norm, 0.5f, di2, dwt2, &err);
+    KT_CUDA(cudaDeviceSynchronize());
+    kt_down(one, dl, sizeof(float) * n_expert);
+    int inv = !rc && memcmp(one, got + (size_t)(n_tok - 1) * n_expert,
+                            sizeof(float) * n_expert) == 0;
+    KT_CUDA(cudaMemcpy(dl, got, sizeof(float) * n_tok * n_expert, cudaMemcpyHostToDevice));
     if (!rc)
         rc = strata_k_moe_route(&ctx, dl, n_tok, n_expert, k, norm, 0.5f, di2, dwt2, &err);
     KT_CUDA(cudaDeviceSynchronize());
-    kt_down(got, dl, sizeof(float) * n_tok * n_expert);
     int32_t *gi = (int32_t *)malloc(sizeof(int32_t) * n_tok * k), *gi2 = (int32_t *)malloc(sizeof(int32_t) * n_tok * k);
     float *gw = (float *)malloc(sizeof(float) * n_tok * k), *gw2 = (float *)malloc(sizeof(float) * n_tok * k);
     int cnt[64];
@@ -630,13 +689,14 @@ static void test_router_topk(int n_tok, int n_expert, int n, int k, int norm)
     int zero = 1;
     for (int t = 0; t < n_tok; t++)
         zero &= cnt[t] == 0;
-    ok(e <= 1 && same && zero,
+    ok(e <= 1 && same && zero && inv,
        "moe_router_topk n_tok=%d n_expert=%d n=%d k=%d norm=%d: logits err %.3g, routing %s "
-       "the separate kernel's, counters %s %s", n_tok, n_expert, n, k, norm, e,
-       same ? "equals" : "differs from", zero ? "reset" : "left set", rc ? err.msg : "");
+       "the separate kernel's, counters %s, the last token alone %s %s", n_tok, n_expert, n,
+       k, norm, e, same ? "equals" : "differs from", zero ? "reset" : "left set",
+       inv ? "the same bits" : "other bits", rc ? err.msg : "");
     cudaFree(dw); cudaFree(dx); cudaFree(dl); cudaFree(dwt); cudaFree(dwt2); cudaFree(di);
     cudaFree(di2); cudaFree(dc);
-    free(w); free(x); free(ref); free(got); free(gi); free(gi2); free(gw); free(gw2);
+    free(w); free(x); free(ref); free(got); free(gi); free(gi2); free(gw); free(gw2); free(one);
 }
 
 static void test_q8(void)
@@ -644,6 +704,14 @@ static void test_q8(void)
     test_router_topk(1, 128, 2048, 8, 1);
     test_router_topk(17, 60, 100, 6, 0);
     test_router_topk(3, 1000, 64, 32, 1);
+    test_router_topk(5, 128, 4352, 8, 1); /* rows longer than the loads before the wait */
+    {
+        struct strata_err err = {0, ""};
+        struct strata_k_weight kw = {STRATA_TYPE_F32, 64, 8, 256, 0, NULL};
+        int rc = strata_k_moe_router_topk(&ctx, &kw, NULL, 65, NULL, NULL, 2, 1, 1.0f, NULL,
+                                          NULL, &err);
+        ok(rc == STRATA_E_INVALID, "moe_router_topk refuses 65 tokens: %s", err.msg);
+    }
     test_quantize_q8(2048, 3, 1, 1);
     test_quantize_q8(96, 5, 1, 0);
     test_quantize_q8(4096, 2, 0, 0);
