@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #ifdef STRATA_GPU_CUDA
 #include <cublas_v2.h>
@@ -121,6 +122,11 @@ struct gpu_state {
     unsigned char graph_off[MATVEC_MAX + 1][2]; /* its capture failed: launched directly */
     unsigned char graph_used[MATVEC_MAX + 1][2]; /* the shape ran once without a graph */
     int use_graph;
+    /* ec_graph: offloaded experts, and one-token steps read them through the expert
+     * table (strata_gpu_ec_graph_mode): no host work inside such a step, so it is
+     * replayed as a graph like the all-in-VRAM step */
+    int ec_graph;
+    int tab_now; /* this forward is such a step (strata_gpu_ec_decode_graph said so) */
     float *h_logits; /* pinned staging of one logits row */
     /* STRATA_GPU_PROFILE=1: events between the launches of a forward pass (no graph);
      * per-operation totals are logged when the backend is freed */
@@ -190,6 +196,12 @@ static void blas_open(struct gpu_state *s)
     }
 }
 #endif
+
+/* 1 if a batch of n tokens multiplies w on 8-bit activations (strata_k_matvec_q8). */
+static int mvq_ok(const struct gpu_state *s, const struct strata_k_weight *w, int n)
+{
+    return s->use_q8 && n <= MATVEC_MAX && w->data && strata_k_matvec_q8_supported(w->type);
+}
 
 /* Record a profiling event before the operation called name. */
 static void prof_mark(struct gpu_state *s, const char *name)
@@ -551,12 +563,26 @@ static int place_experts(struct gpu_state *s, const struct strata_engine_opts *o
     free(gi);
     if (rc || s->xc) {
         /* the expert kernels read the slot pool through these views; the copies and
-         * the host work between layers do not fit in a graph */
+         * the host work between layers do not fit in a graph, except in one-token
+         * steps through the expert table, which needs the 8-bit expert kernels */
+        int tab_ok = s->xc && strata_gpu_ec_graph_mode(s->xc);
         for (uint32_t il = 0; s->xc && il < m->hp.n_layer; il++)
-            if (m->layers[il].is_moe)
-                strata_gpu_ec_views(s->xc, (int)il, &s->layers[il].gate_exps,
-                                    &s->layers[il].up_exps, &s->layers[il].down_exps);
-        s->use_graph = 0;
+            if (m->layers[il].is_moe) {
+                struct dev_layer *D = &s->layers[il];
+                strata_gpu_ec_views(s->xc, (int)il, &D->gate_exps, &D->up_exps,
+                                    &D->down_exps);
+                tab_ok = tab_ok && mvq_ok(s, &D->gate_exps, 1) && mvq_ok(s, &D->down_exps, 1) &&
+                         D->gate_exps.ne1 % 32 == 0 && D->gate_exps.ne1 == D->down_exps.ne0;
+            }
+        if (s->xc && strata_gpu_ec_graph_mode(s->xc) && !tab_ok) {
+            const char *dm = getenv("STRATA_EC_DECODE");
+            if (dm && strcmp(dm, "graph") == 0)
+                strata_log_warn("STRATA_EC_DECODE=graph: the experts' weight types have no "
+                                "8-bit kernel; decode steps stay host-planned");
+            strata_gpu_ec_graph_off(s->xc);
+        }
+        s->ec_graph = tab_ok;
+        s->use_graph = s->use_graph && tab_ok;
         return rc;
     }
     for (uint32_t il = 0; il < m->hp.n_layer && !rc; il++)
@@ -938,12 +964,6 @@ static int down_exps(struct gpu_state *s, const struct strata_k_weight *w, const
     return strata_k_matvec(&s->ctx, &a, err);
 }
 
-/* 1 if a batch of n tokens multiplies w on 8-bit activations (strata_k_matvec_q8). */
-static int mvq_ok(const struct gpu_state *s, const struct strata_k_weight *w, int n)
-{
-    return s->use_q8 && n <= MATVEC_MAX && w->data && strata_k_matvec_q8_supported(w->type);
-}
-
 /* RMSNorm of n rows of x into s->xn, and into s->xq as 8-bit rows when q8 (for the
  * mat-vec products that read them); the float rows are the same either way. */
 static int norm_rows(struct gpu_state *s, const float *x, const float *w, int n, int q8,
@@ -993,8 +1013,8 @@ static void fuse_norm(struct gpu_state *s, struct strata_k_mvq_args *a, const fl
  * fuse_next.  Returns 1 (nothing launched) when the weights do not take this path. */
 static int ffn_q8(struct gpu_state *s, const struct strata_k_weight *g,
                   const struct strata_k_weight *u, const struct strata_k_weight *d, int n,
-                  int k, const int32_t *ids, int fuse_next, const float *next_nw, int *rc,
-                  struct strata_err *err)
+                  int k, const int32_t *ids, const void *const *etab, int fuse_next,
+                  const float *next_nw, int *rc, struct strata_err *err)
 {
     if (!mvq_ok(s, g, n) || !mvq_ok(s, d, n) || g->ne1 % 32 || g->ne1 != d->ne0)
         return 1;
@@ -1004,6 +1024,7 @@ static int ffn_q8(struct gpu_state *s, const struct strata_k_weight *g,
     a.up = u;
     a.mode = STRATA_K_MVQ_GLU;
     a.ids = ids;
+    a.etab = etab;
     a.n_slot = n * k;
     a.x_group = k;
     a.xq = s->xq;
@@ -1015,6 +1036,7 @@ static int ffn_q8(struct gpu_state *s, const struct strata_k_weight *g,
     a.w = d;
     a.mode = ids ? STRATA_K_MVQ_COMBINE : STRATA_K_MVQ_PLAIN;
     a.ids = ids;
+    a.etab = etab;
     a.n_slot = n;
     a.x_group = 1;
     a.k = k;
@@ -1172,7 +1194,13 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                                          s->eids, s->ew, err)))
                 goto fail;
             int done = 0;
-            if (s->xc) {
+            const void *const *etab = NULL;
+            if (s->xc && n == 1 && s->tab_now) {
+                /* the step reads the experts through the table; the ids go back after */
+                etab = strata_gpu_ec_tab(s->xc, il);
+                if (OP("moe_ids", strata_gpu_ec_graph_ids(s->xc, il, s->eids, err)))
+                    goto fail;
+            } else if (s->xc) {
                 /* offloaded experts: hits and copies on the GPU, misses maybe on the CPU;
                  * a mat-vec batch all on the GPU comes back as remapped ids in s->eids
                  * for the kernels below (done = 0) */
@@ -1191,7 +1219,7 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                                                            s->x, err)))
                     goto fail;
             } else if (!ffn_q8(s, &D->gate_exps, &D->up_exps, &D->down_exps, n, k, s->eids,
-                               fuse_next, next_nw, &rc, err)) {
+                               etab, fuse_next, next_nw, &rc, err)) {
                 if (rc)
                     goto fail;
                 normed = fuse_next;
@@ -1199,8 +1227,8 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                 OP("moe_down", down_exps(s, &D->down_exps, s->act, n, rows, s->eout, err)) ||
                 OP("moe_combine", strata_k_moe_combine(&s->ctx, s->eout, s->ew, n, k, E, s->x, s->x, err)))
                 goto fail;
-        } else if (!ffn_q8(s, &D->gate, &D->up, &D->down, n, 1, NULL, fuse_next, next_nw, &rc,
-                           err)) {
+        } else if (!ffn_q8(s, &D->gate, &D->up, &D->down, n, 1, NULL, NULL, fuse_next, next_nw,
+                           &rc, err)) {
             if (rc)
                 goto fail;
             normed = fuse_next;
@@ -1293,8 +1321,16 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
     s->n_ev = 0;
     /* one row of logits is the same launches whichever mode asked for it */
     int rows_all = all && n > 1;
+    /* offloaded experts: only one-token steps through the expert table */
+    const int dec_step = s->xc && s->ec_graph && n == 1;
+    const int tab_step = dec_step && strata_gpu_ec_decode_graph(s->xc);
+    s->tab_now = tab_step;
+    struct timespec ts0;
+    clock_gettime(CLOCK_MONOTONIC, &ts0);
+    if (tab_step && (rc = strata_gpu_ec_graph_begin(s->xc, err)))
+        return rc;
     int graphable = s->use_graph && n <= MATVEC_MAX && !b->embd && want &&
-                    !s->graph_off[n][rows_all];
+                    !s->graph_off[n][rows_all] && (!s->xc || tab_step);
     if (graphable && !s->graph_exec[n][rows_all] && !s->graph_used[n][rows_all]) {
         s->graph_used[n][rows_all] = 1; /* first use: direct launches, no capture */
         graphable = 0;
@@ -1311,6 +1347,8 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
                       err);
     else
         rc = launch_forward(s, n, b->embd != NULL, want, all, s->n_ctx, err);
+    if (!rc && tab_step)
+        rc = strata_gpu_ec_graph_end(s->xc, err);
     if (rc) {
         (void)cudaStreamSynchronize(st);
         (void)cudaGetLastError();
@@ -1329,6 +1367,12 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
         memcpy(logits, s->h_logits, 4 * (size_t)s->n_vocab);
     if (s->prof)
         prof_collect(s);
+    if (dec_step) {
+        struct timespec ts1;
+        clock_gettime(CLOCK_MONOTONIC, &ts1);
+        strata_gpu_ec_decode_done(s->xc, tab_step, (double)(ts1.tv_sec - ts0.tv_sec) +
+                                                      (ts1.tv_nsec - ts0.tv_nsec) * 1e-9);
+    }
     return 0;
 }
 

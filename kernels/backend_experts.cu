@@ -11,7 +11,10 @@
  *     layer's kernels are done, and the current layer's slots are pinned until its plan
  *     is released (after the prefetch of the next layer was issued);
  *   - staging buffers are reused inside a batch only after the compute stream passed
- *     the kernels that read them (ev_round, waited on by the copy stream).
+ *     the kernels that read them (ev_round, waited on by the copy stream).  With two
+ *     halves of staging (stage_db), round r + 1 copies into one half while round r
+ *     computes from the other: its copies wait for round r - 1's kernels (ev_round[]),
+ *     round r's kernels for its own copies (ev_copy recorded before round r + 1's).
  */
 #include "backend_experts.h"
 
@@ -56,6 +59,14 @@ __global__ void ec_scatter_kernel(const float *__restrict__ x, const int32_t *__
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
 #define MAX_REG 512
 #define N_BOUNCE 4
+#define GFILL_RING 8 /* batches of cache fills of graph decode steps in flight */
+/* STRATA_EC_DECODE=auto: decode steps alternate between the two ways in blocks of
+ * PROBE_W steps (PROBE_SKIP of each not timed: the switch, a graph's capture), over
+ * PROBE_BLOCKS blocks, then take the faster; again every PROBE_EVERY steps */
+#define PROBE_W 8
+#define PROBE_SKIP 2
+#define PROBE_BLOCKS 4
+#define PROBE_EVERY 128
 
 struct host_range {
     uintptr_t lo, hi;
@@ -71,8 +82,9 @@ struct strata_gpu_ec {
     uint8_t *q8_ffn;             /* [L] mat-vec batches run the 8-bit kernels */
     int *next_moe;               /* [L] the next MoE layer, or -1 */
     struct strata_k_weight *gate_inp; /* [L] device routers */
-    /* the slot pool: n_slots + n_staging records of rec bytes */
-    int n_slots, n_staging;
+    /* the slot pool: n_slots + n_staging records of rec bytes; a batch streams its
+     * misses in rounds of `round` records (n_staging, or half of it with stage_db) */
+    int n_slots, n_staging, round, stage_db;
     size_t rec, off_up, off_down;
     char *pool_dev;
     struct strata_k_weight *vg, *vu, *vd; /* [L] views of the pool per layer */
@@ -85,7 +97,7 @@ struct strata_gpu_ec {
     int bounce_next;
     /* streams and events */
     cudaStream_t copy;
-    cudaEvent_t ev_copy, ev_round, ev_w0, ev_w1;
+    cudaEvent_t ev_copy, ev_round[2], ev_w0, ev_w1;
     int wait_pending;
     int unwaited;               /* copies issued since the compute stream last waited */
     int32_t *pending;           /* slots FILLING until ev_copy completes */
@@ -96,6 +108,14 @@ struct strata_gpu_ec {
     uint64_t rng;
     int frac_auto;
     double frac_decode;
+    /* admission of demand misses: admit0 (the cache's own rule) for mat-vec batches
+     * and for prefill chunks of at most n_slots assignments; larger chunks admit none
+     * (and their hottest experts enter by a re-balance at the chunk's end): such a
+     * chunk demands more experts than there are slots, and admitting them evicted the
+     * slots the next layers hit (25% of the experts in VRAM: 5% of a 2,048-token
+     * chunk's experts hit).  STRATA_EC_PREFILL_ADMIT=1 admits in every chunk, =0 in
+     * none (prefill_admit 1 / 0; -1 the rule) */
+    int admit0, prefill_admit;
     /* host buffers (pinned) */
     int32_t *h_ids, *h_arena;
     size_t arena_cap, arena_used;
@@ -112,6 +132,31 @@ struct strata_gpu_ec {
     float *d_xg, *d_eoc, *d_cpu, *d_rnext;
     void *d_xgq;                /* q8 rows of d_xg (8-bit mat-vec rounds) */
     int rows_c;                 /* rows of d_xg / d_eoc */
+    /* decode steps as one graph (graph_mode, STRATA_EC_DECODE=graph): the expert kernels
+     * read expert e of layer il through d_tab[(il * X + e) * 3 + part]: its VRAM slot
+     * when RESIDENT, else its host bytes, mapped (tab_host) and read over PCIe by the
+     * kernels themselves; no host work inside the step.  The routed ids of every layer
+     * come back after the step (d_hist -> h_hist), and before the next one the cache
+     * sees them (lookups, fills, re-balance), so the table follows the cache */
+    int graph_mode, hist_valid;
+    int auto_mode;                       /* choose per measured step time */
+    int probe_blocks, probe_cur, probe_left, chosen, n_choices;
+    long since;
+    double probe_t[2];
+    int probe_n[2];
+    uintptr_t reg_dev[MAX_REG];          /* device address of reg[i].lo */
+    const void **tab_host, **tab_new;    /* [L * X * 3] */
+    const void **h_tab;                  /* [L * X * 3] pinned copy of d_tab */
+    void **d_tab;
+    int32_t *d_hist, *h_hist;            /* [L * K] */
+    struct {
+        cudaEvent_t ev;
+        int32_t *slots;
+        int n;
+    } gfill[GFILL_RING];
+    int gfill_head, gfill_count;
+    int32_t *gslots;                     /* [L * K + 64] one step's fills */
+    uint64_t zc_bytes, graph_steps;
     /* statistics */
     double t_fwd_sync, t_cpu, t_copy_wait, t_moe;
     uint64_t bytes_copied, n_copies, n_cpu_experts, n_batches;
@@ -246,12 +291,19 @@ static int pin_experts(struct strata_gpu_ec *gx, uint64_t *bytes, struct strata_
         why = "too many separate ranges";
     for (int i = 0; !why && i < m; i++) {
         e = cudaHostRegister((void *)r[i].lo, r[i].hi - r[i].lo,
-                             STRATA_GPU_HOST_REGISTER_READ_ONLY);
+                             STRATA_GPU_HOST_REGISTER_READ_ONLY | cudaHostRegisterMapped);
         if (e != cudaSuccess) {
             why = cudaGetErrorString(e);
             (void)cudaGetLastError();
             break;
         }
+        /* where the kernels see it (graph decode steps read misses in place) */
+        void *dp = NULL;
+        if (cudaHostGetDevicePointer(&dp, (void *)r[i].lo, 0) != cudaSuccess) {
+            (void)cudaGetLastError();
+            dp = NULL;
+        }
+        gx->reg_dev[gx->n_reg] = (uintptr_t)dp;
         gx->reg[gx->n_reg++] = r[i];
         *bytes += r[i].hi - r[i].lo;
     }
@@ -493,6 +545,10 @@ static void print_stats(struct strata_gpu_ec *gx)
     fprintf(f, "expert time: MoE layers %.3f s = GPU %.3f s (of which waiting for copies "
             "%.3f s) + CPU experts %.3f s + host %.3f s\n", gx->t_moe, gx->t_fwd_sync,
             gx->t_copy_wait, gx->t_cpu, gx->t_moe - gx->t_fwd_sync - gx->t_cpu);
+    if (gx->graph_mode)
+        fprintf(f, "graph decode steps: %llu, experts read in place over PCIe %.3f MB per "
+                "step\n", (unsigned long long)gx->graph_steps,
+                gx->graph_steps ? gx->zc_bytes / 1e6 / (double)gx->graph_steps : 0.0);
     fclose(f);
     log_lines(buf);
     free(buf);
@@ -516,16 +572,26 @@ void strata_gpu_ec_free(struct strata_gpu_ec *gx)
         if (gx->bounce_ev[i])
             (void)cudaEventDestroy(gx->bounce_ev[i]);
     }
-    cudaEvent_t evs[] = {gx->ev_copy, gx->ev_round, gx->ev_w0, gx->ev_w1};
+    cudaEvent_t evs[] = {gx->ev_copy, gx->ev_round[0], gx->ev_round[1], gx->ev_w0, gx->ev_w1};
     for (size_t i = 0; i < sizeof evs / sizeof evs[0]; i++)
         if (evs[i])
             (void)cudaEventDestroy(evs[i]);
-    void *hp[] = {gx->h_ids, gx->h_arena, gx->h_xn, gx->h_cpu, gx->h_rnext};
+    for (int i = 0; i < GFILL_RING; i++) {
+        if (gx->gfill[i].ev)
+            (void)cudaEventDestroy(gx->gfill[i].ev);
+        free(gx->gfill[i].slots);
+    }
+    free(gx->tab_host);
+    free(gx->tab_new);
+    free(gx->gslots);
+    void *hp[] = {gx->h_ids, gx->h_arena, gx->h_xn, gx->h_cpu, gx->h_rnext, gx->h_tab,
+                  gx->h_hist};
     for (size_t i = 0; i < sizeof hp / sizeof hp[0]; i++)
         if (hp[i])
             (void)cudaFreeHost(hp[i]);
     void *dp[] = {gx->pool_dev, gx->d_rids, gx->d_idx, gx->d_rc, gx->d_cidx,
-                  gx->d_xg, gx->d_eoc, gx->d_cpu, gx->d_rnext, gx->d_xgq};
+                  gx->d_xg, gx->d_eoc, gx->d_cpu, gx->d_rnext, gx->d_xgq, gx->d_tab,
+                  gx->d_hist};
     for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
         if (dp[i])
             (void)cudaFree(dp[i]);
@@ -598,9 +664,18 @@ static int plan(struct strata_gpu_ec *gx, const struct strata_gpu_ec_in *in, int
     uint64_t room = p.budget / 32 > (64ull << 20) ? p.budget / 32 : (64ull << 20);
     if (ns < 2 * gx->K || (uint64_t)ns * gx->rec > room)
         ns = 2 * gx->K;
+    /* two halves of 2 k (STRATA_EC_STAGE_DB=0: one), so that a prefill chunk's copies
+     * of round r + 1 overlap round r's kernels, when that costs at most an eighth of
+     * the budget (the slots give up the records) */
+    const char *dbe = getenv("STRATA_EC_STAGE_DB");
+    const int db_ok = !(dbe && strcmp(dbe, "0") == 0);
     if (in->cfg->staging > 0)
         ns = in->cfg->staging;
+    else if (db_ok && ns == 2 * gx->K && 4 * (uint64_t)gx->K * gx->rec <= p.budget / 8)
+        ns = 4 * gx->K;
     gx->n_staging = ns;
+    gx->stage_db = db_ok && ns >= 4 && ns % 2 == 0 && ns <= 4 * gx->K;
+    gx->round = gx->stage_db ? ns / 2 : ns;
     if (p.staging && ns > 2 * gx->K) {
         uint32_t drop = (uint32_t)(ns - 2 * gx->K);
         p.staging = (uint64_t)ns * gx->rec;
@@ -627,6 +702,261 @@ static int plan(struct strata_gpu_ec *gx, const struct strata_gpu_ec_in *in, int
     }
     *n_slots = p.n_slots == pi.n_experts_total && in->cfg->slots < 0 ? -1 : (int)p.n_slots;
     return 0;
+}
+
+/* ---- decode steps as one graph: experts read through a table ---- */
+
+/* Rebuild the expert table from the cache (RESIDENT slots, the host bytes for every
+ * other expert) and upload it on the compute stream when it changed.  Before a step,
+ * with the device idle: nothing reads the old table any more. */
+static int graph_table(struct strata_gpu_ec *gx, struct strata_err *err)
+{
+    const size_t nt = (size_t)gx->L * gx->X * 3, bytes = nt * sizeof(void *);
+    const size_t off[3] = {0, gx->off_up, gx->off_down};
+    memcpy(gx->tab_new, gx->tab_host, bytes);
+    for (int sl = 0; sl < gx->n_slots; sl++) {
+        int il, ie, state, pins;
+        strata_ec_slot_info(gx->ec, sl, &il, &ie, &state, &pins);
+        if (state != STRATA_EC_SLOT_RESIDENT || il < 0 || ie < 0)
+            continue;
+        for (int p = 0; p < 3; p++)
+            gx->tab_new[((size_t)il * gx->X + ie) * 3 + p] =
+                gx->pool_dev + (size_t)sl * gx->rec + off[p];
+    }
+    if (memcmp(gx->tab_new, gx->h_tab, bytes) == 0)
+        return 0;
+    memcpy(gx->h_tab, gx->tab_new, bytes);
+    return call(gx, cudaMemcpyAsync(gx->d_tab, gx->h_tab, bytes, cudaMemcpyHostToDevice,
+                                    gx->ctx->stream),
+                "upload of the expert table", err);
+}
+
+/* Finish the graph steps' fill batches whose copies completed (wait: the oldest one,
+ * whatever its state). */
+static int gfill_poll(struct strata_gpu_ec *gx, int wait, struct strata_err *err)
+{
+    int rc = 0;
+    while (gx->gfill_count && !rc) {
+        struct strata_gpu_ec *g = gx;
+        const int h = g->gfill_head;
+        cudaError_t e = wait ? cudaEventSynchronize(g->gfill[h].ev) : cudaEventQuery(g->gfill[h].ev);
+        if (e == cudaErrorNotReady) {
+            (void)cudaGetLastError();
+            break;
+        }
+        rc = call(gx, e, "expert copies (asynchronous error)", err);
+        for (int i = 0; i < g->gfill[h].n && !rc; i++)
+            rc = strata_ec_fill_done(gx->ec, g->gfill[h].slots[i], err);
+        g->gfill[h].n = 0;
+        g->gfill_head = (h + 1) % GFILL_RING;
+        g->gfill_count--;
+        wait = 0;
+    }
+    return rc;
+}
+
+/* Device address of the host bytes at h (registered, mapped), or 0. */
+static uintptr_t mapped(const struct strata_gpu_ec *gx, const void *h)
+{
+    uintptr_t a = (uintptr_t)h;
+    for (int i = 0; i < gx->n_reg; i++)
+        if (a >= gx->reg[i].lo && a < gx->reg[i].hi)
+            return gx->reg_dev[i] ? gx->reg_dev[i] + (a - gx->reg[i].lo) : 0;
+    return 0;
+}
+
+/* STRATA_EC_DECODE=graph: the table, its host side and the id history. */
+static int graph_setup(struct strata_gpu_ec *gx, struct strata_err *err)
+{
+    /* graph: every decode step; host: none; auto (default): the faster, measured */
+    const char *mode = getenv("STRATA_EC_DECODE");
+    if (mode && strcmp(mode, "host") == 0)
+        return 0;
+    gx->auto_mode = !mode || strcmp(mode, "graph") != 0;
+    gx->since = PROBE_EVERY;
+    const char *why = !gx->registered ? "the experts are not pinned in place" : NULL;
+    const size_t nt = (size_t)gx->L * gx->X * 3;
+    int rc = 0;
+    gx->tab_host = (const void **)calloc(nt, sizeof(void *));
+    gx->tab_new = (const void **)calloc(nt, sizeof(void *));
+    gx->gslots = (int32_t *)malloc(sizeof(int32_t) * ((size_t)gx->L * gx->K + 64));
+    if (!gx->tab_host || !gx->tab_new || !gx->gslots)
+        return strata_k_err(err, STRATA_E_NOMEM, "out of memory");
+    for (int il = 0; il < gx->L && !why; il++) {
+        if (!gx->m->layers[il].is_moe)
+            continue;
+        for (int ie = 0; ie < gx->X && !why; ie++)
+            for (int p = 0; p < 3 && !why; p++) {
+                uintptr_t d = mapped(gx, host_part(gx, il, ie, p));
+                if (!d)
+                    why = "the device cannot address the pinned experts";
+                gx->tab_host[((size_t)il * gx->X + ie) * 3 + p] = (const void *)d;
+            }
+    }
+    if (why) {
+        if (!gx->auto_mode)
+            strata_log_warn("STRATA_EC_DECODE=graph: %s; decode steps stay host-planned",
+                            why);
+        return 0;
+    }
+    if ((rc = host_alloc((void **)&gx->h_tab, nt * sizeof(void *), "expert table", err)) ||
+        (rc = host_alloc((void **)&gx->h_hist, 4 * (size_t)gx->L * gx->K, "routed ids", err)) ||
+        (rc = dev_alloc(gx, (void **)&gx->d_tab, nt * sizeof(void *), "expert table", err)) ||
+        (rc = dev_alloc(gx, (void **)&gx->d_hist, 4 * (size_t)gx->L * gx->K, "routed ids",
+                        err)))
+        return rc;
+    for (int i = 0; i < GFILL_RING && !rc; i++) {
+        gx->gfill[i].slots = (int32_t *)malloc(sizeof(int32_t) * ((size_t)gx->L * gx->K + 64));
+        if (!gx->gfill[i].slots)
+            return strata_k_err(err, STRATA_E_NOMEM, "out of memory");
+        rc = call(gx, cudaEventCreateWithFlags(&gx->gfill[i].ev, cudaEventDisableTiming),
+                  "cudaEventCreate", err);
+    }
+    memset(gx->h_tab, 0, nt * sizeof(void *));
+    if (rc || (rc = graph_table(gx, err)) ||
+        (rc = call(gx, cudaStreamSynchronize(gx->ctx->stream), "upload of the expert table",
+                   err)))
+        return rc;
+    gx->graph_mode = 1;
+    strata_log_info("decode steps: %s; experts not in VRAM are read in place over PCIe by "
+                    "the kernels of a graph step, the cache adapts between steps",
+                    gx->auto_mode ? "graphs or host-planned, whichever measures faster"
+                                  : "one graph each");
+    return 0;
+}
+
+int strata_gpu_ec_graph_mode(const struct strata_gpu_ec *gx)
+{
+    return gx && gx->graph_mode;
+}
+
+int strata_gpu_ec_decode_graph(struct strata_gpu_ec *gx)
+{
+    if (!gx || !gx->graph_mode)
+        return 0;
+    if (!gx->auto_mode)
+        return 1;
+    if (!gx->probe_blocks && ++gx->since < PROBE_EVERY)
+        return gx->chosen;
+    if (!gx->probe_blocks) {
+        gx->probe_blocks = PROBE_BLOCKS;
+        gx->probe_cur = 0;
+        gx->probe_left = PROBE_W;
+        gx->probe_t[0] = gx->probe_t[1] = 0;
+        gx->probe_n[0] = gx->probe_n[1] = 0;
+        gx->since = 0;
+    }
+    return gx->probe_cur;
+}
+
+void strata_gpu_ec_decode_done(struct strata_gpu_ec *gx, int graph, double seconds)
+{
+    if (!gx || !gx->auto_mode || !gx->probe_blocks || graph != gx->probe_cur)
+        return;
+    if (gx->probe_left <= PROBE_W - PROBE_SKIP) {
+        gx->probe_t[graph] += seconds;
+        gx->probe_n[graph]++;
+    }
+    if (--gx->probe_left > 0)
+        return;
+    gx->probe_left = PROBE_W;
+    gx->probe_cur ^= 1;
+    if (--gx->probe_blocks > 0)
+        return;
+    double th = gx->probe_n[0] ? gx->probe_t[0] / gx->probe_n[0] : 0;
+    double tg = gx->probe_n[1] ? gx->probe_t[1] / gx->probe_n[1] : 0;
+    int c = gx->probe_n[1] && gx->probe_n[0] && tg < th;
+    if (gx->n_choices++ == 0 || c != gx->chosen)
+        strata_log_info("decode steps: %s (measured %.3f ms a step as graphs, %.3f ms "
+                        "host-planned)", c ? "graphs" : "host-planned", tg * 1e3, th * 1e3);
+    gx->chosen = c;
+}
+
+void strata_gpu_ec_graph_off(struct strata_gpu_ec *gx)
+{
+    if (gx)
+        gx->graph_mode = 0;
+}
+
+const void *const *strata_gpu_ec_tab(const struct strata_gpu_ec *gx, int il)
+{
+    return (const void *const *)(gx->d_tab + (size_t)il * gx->X * 3);
+}
+
+int strata_gpu_ec_graph_ids(struct strata_gpu_ec *gx, int il, const int32_t *eids,
+                            struct strata_err *err)
+{
+    return call(gx, cudaMemcpyAsync(gx->d_hist + (size_t)il * gx->K, eids, 4 * (size_t)gx->K,
+                                    cudaMemcpyDeviceToDevice, gx->ctx->stream),
+                "copy of the routed ids", err);
+}
+
+int strata_gpu_ec_graph_end(struct strata_gpu_ec *gx, struct strata_err *err)
+{
+    int rc = call(gx, cudaMemcpyAsync(gx->h_hist, gx->d_hist, 4 * (size_t)gx->L * gx->K,
+                                      cudaMemcpyDeviceToHost, gx->ctx->stream),
+                  "copy of the routed ids", err);
+    gx->hist_valid = !rc;
+    return rc;
+}
+
+int strata_gpu_ec_graph_begin(struct strata_gpu_ec *gx, struct strata_err *err)
+{
+    int rc = poll_fills(gx, 0, err), ng = 0;
+    if (!rc && gx->hist_valid) {
+        /* the last step's routing, as the cache would have planned it: hits, fills
+         * (copied now into their slots, RESIDENT once done) and misses, which the step
+         * read in place */
+        const int K = gx->K;
+        gx->hist_valid = 0;
+        gx->graph_steps++;
+        strata_ec_set_pcie_frac(gx->ec, 1.0);
+        strata_ec_set_admit(gx->ec, gx->admit0);
+        for (int il = 0; il < gx->L && !rc; il++) {
+            if (!gx->m->layers[il].is_moe)
+                continue;
+            struct strata_ec_plan p;
+            memset(&p, 0, sizeof p);
+            if ((rc = strata_ec_lookup(gx->ec, il, 1, gx->h_hist + (size_t)il * K, &p, err)))
+                break;
+            for (int i = 0; i < p.n_items && !rc; i++) {
+                const struct strata_ec_item *m = &p.items[i];
+                if (m->where == STRATA_EC_HIT)
+                    continue;
+                gx->zc_bytes += gx->bg[il] + gx->bu[il] + gx->bd[il];
+                if (m->where == STRATA_EC_FILL) {
+                    rc = copy_expert(gx, il, m->expert, m->slot, err);
+                    gx->gslots[ng++] = m->slot;
+                }
+            }
+            strata_ec_release(gx->ec, &p);
+            if (!rc && il == gx->first_moe) {
+                int32_t t[3 * 64];
+                int max = 2 * K < 64 ? 2 * K : 64;
+                int nr = strata_ec_rebalance(gx->ec, max, t, t + max, t + 2 * max);
+                for (int i = 0; i < nr && !rc; i++) {
+                    rc = copy_expert(gx, t[i], t[max + i], t[2 * max + i], err);
+                    gx->gslots[ng++] = t[2 * max + i];
+                }
+            }
+        }
+    }
+    if (!rc)
+        rc = gfill_poll(gx, 0, err);
+    if (!rc && ng) {
+        if (gx->gfill_count == GFILL_RING)
+            rc = gfill_poll(gx, 1, err);
+        int b = (gx->gfill_head + gx->gfill_count) % GFILL_RING;
+        if (!rc) {
+            memcpy(gx->gfill[b].slots, gx->gslots, sizeof(int32_t) * (size_t)ng);
+            gx->gfill[b].n = ng;
+            gx->gfill_count++;
+            rc = call(gx, cudaEventRecord(gx->gfill[b].ev, gx->copy), "cudaEventRecord", err);
+        }
+    }
+    if (!rc)
+        rc = graph_table(gx, err);
+    return rc;
 }
 
 int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_in *in,
@@ -739,7 +1069,9 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
                    "cudaStreamCreate (expert copies)", err)) ||
         (rc = call(gx, cudaEventCreateWithFlags(&gx->ev_copy, cudaEventDisableTiming),
                    "cudaEventCreate", err)) ||
-        (rc = call(gx, cudaEventCreateWithFlags(&gx->ev_round, cudaEventDisableTiming),
+        (rc = call(gx, cudaEventCreateWithFlags(&gx->ev_round[0], cudaEventDisableTiming),
+                   "cudaEventCreate", err)) ||
+        (rc = call(gx, cudaEventCreateWithFlags(&gx->ev_round[1], cudaEventDisableTiming),
                    "cudaEventCreate", err)) ||
         (rc = call(gx, cudaEventCreate(&gx->ev_w0), "cudaEventCreate", err)) ||
         (rc = call(gx, cudaEventCreate(&gx->ev_w1), "cudaEventCreate", err)))
@@ -903,6 +1235,11 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
                         dt > 0 ? (double)n * gx->rec / dt / 1e9 : 0.0);
         gx->bytes_copied = 0;
         gx->n_copies = 0;
+        if ((rc = graph_setup(gx, err)))
+            goto out;
+        const char *pa = getenv("STRATA_EC_PREFILL_ADMIT");
+        gx->prefill_admit = pa && *pa ? strcmp(pa, "0") != 0 : -1;
+        gx->admit0 = strata_ec_get_admit(gx->ec);
     }
     *out = gx;
     gx = NULL;
@@ -1248,7 +1585,7 @@ static int op_copy(void *ctx, int il, int ie, int slot, int staging, struct stra
     struct strata_gpu_ec *gx = (struct strata_gpu_ec *)ctx;
     if (!staging)
         return fill_slot(gx, il, ie, slot, err);
-    if (slot >= gx->n_staging)
+    if (slot >= gx->round)
         return 0; /* a later round of this batch */
     return copy_expert(gx, il, ie, gx->n_slots + slot, err);
 }
@@ -1274,9 +1611,14 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
     int prefetch = !gx->cfg.no_prefetch && n == 1 && nx >= 0 && gx->n_slots > 0 &&
                    gx->gate_inp[nx].data;
     double t_in = now_s();
+    /* a chunk that admits none (see admit0) */
+    const int no_admit = n > gx->mv_max &&
+                         (gx->prefill_admit == 0 ||
+                          (gx->prefill_admit < 0 && (int64_t)A > (int64_t)gx->n_slots));
     memset(&p, 0, sizeof p);
     p.released = 1;
     *done = 1;
+    gx->hist_valid = 0; /* a graph step's routing is seen before the next graph step only */
     gx->arena_used = 0;
     gx->n_batches++;
     if (prefetch) {
@@ -1314,7 +1656,7 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
         return rc;
     if (gx->route_uniform)
         random_route(gx, n);
-    if (il == gx->first_moe) {
+    if (il == gx->first_moe && !no_admit) {
         int32_t t[3 * 64];
         int max = 2 * K < 64 ? 2 * K : 64;
         int nr = strata_ec_rebalance(gx->ec, max, t, t + max, t + 2 * max);
@@ -1331,6 +1673,7 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
      * are the GPU's */
     if (gx->cpu_possible)
         strata_ec_set_pcie_frac(gx->ec, n > gx->mv_max ? 1.0 : gx->frac_decode);
+    strata_ec_set_admit(gx->ec, no_admit ? STRATA_EC_ADMIT_NONE : gx->admit0);
     if ((rc = strata_ec_lookup(gx->ec, il, n, gx->h_ids, &p, err)))
         return rc;
     struct strata_ec_ops ops = {op_copy, op_cpu};
@@ -1346,7 +1689,7 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
             gx->round_of[m->expert] = 0;
         } else if (m->where == STRATA_EC_STREAM) {
             gx->buf_of[m->expert] = gx->n_slots + m->slot % gx->n_staging;
-            gx->round_of[m->expert] = m->slot / gx->n_staging;
+            gx->round_of[m->expert] = m->slot / gx->round;
             if (gx->round_of[m->expert] + 1 > n_rounds)
                 n_rounds = gx->round_of[m->expert] + 1;
         }
@@ -1366,20 +1709,25 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
         n_rounds = 0;
     }
     for (int r = 0; r < n_rounds && !rc; r++) {
-        if (r > 0) {
-            /* the staging buffers are free once the previous round's kernels ran */
-            if ((rc = call(gx, cudaEventRecord(gx->ev_round, st), "cudaEventRecord", err)) ||
-                (rc = call(gx, cudaStreamWaitEvent(gx->copy, gx->ev_round, 0),
-                           "cudaStreamWaitEvent", err)))
-                break;
+        /* the copies of round c: into staging records the kernels of round c - 2
+         * (two halves) or c - 1 (one) read, so after those */
+        const int c = gx->stage_db ? r + 1 : r, lag = gx->stage_db ? 2 : 1;
+        if (r > 0 && gx->stage_db)
+            rc = copies_then_compute(gx, err); /* round r's, issued one round ago */
+        if (!rc && c > 0 && c < n_rounds) {
+            if (c - lag >= 0)
+                rc = call(gx, cudaStreamWaitEvent(gx->copy, gx->ev_round[(c - lag) % 2], 0),
+                          "cudaStreamWaitEvent", err);
             for (int i = 0; i < p.n_items && !rc; i++) {
                 const struct strata_ec_item *m = &p.items[i];
-                if (m->where == STRATA_EC_STREAM && m->slot / gx->n_staging == r)
+                if (m->where == STRATA_EC_STREAM && m->slot / gx->round == c)
                     rc = copy_expert(gx, il, m->expert, gx->buf_of[m->expert], err);
             }
-            if (rc || (rc = copies_then_compute(gx, err)))
-                break;
+            if (!rc && !gx->stage_db)
+                rc = copies_then_compute(gx, err);
         }
+        if (rc)
+            break;
         int32_t *list = gx->list, *bufs = gx->bufs;
         int m = 0;
         for (int a = 0; a < A; a++) {
@@ -1391,6 +1739,9 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
             }
         }
         rc = run_round(gx, il, n, io, list, bufs, m, n_rounds == 1, err);
+        /* the staging records of this round are free once its kernels ran */
+        if (!rc && r + lag < n_rounds)
+            rc = call(gx, cudaEventRecord(gx->ev_round[r % 2], st), "cudaEventRecord", err);
     }
     if (rc)
         goto out;
@@ -1401,6 +1752,20 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
         for (int i = 0; i < np && !rc; i++)
             rc = fill_slot(gx, nx, ie[i], slot[i], err);
         if (!rc && np)
+            rc = call(gx, cudaEventRecord(gx->ev_copy, gx->copy), "cudaEventRecord", err);
+        if (rc)
+            goto out;
+    }
+    if (no_admit && nx < 0 && gx->n_slots > 0) {
+        /* the end of a prefill chunk, which admitted nothing: its hottest experts
+         * replace colder ones now (the re-balance's rule, a quarter of the slots at
+         * most), copied while the rest of the chunk and the next steps run */
+        int max = gx->n_slots / 4 < 128 ? gx->n_slots / 4 : 128;
+        int32_t t[3 * 128];
+        int nr = max > 0 ? strata_ec_rebalance(gx->ec, max, t, t + max, t + 2 * max) : 0;
+        for (int i = 0; i < nr && !rc; i++)
+            rc = fill_slot(gx, t[i], t[max + i], t[2 * max + i], err);
+        if (!rc && nr)
             rc = call(gx, cudaEventRecord(gx->ev_copy, gx->copy), "cudaEventRecord", err);
         if (rc)
             goto out;

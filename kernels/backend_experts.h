@@ -84,6 +84,34 @@ struct strata_gpu_ec_io {
 int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct strata_gpu_ec_io *io,
                       int *done, struct strata_err *err);
 
+/* Decode steps as one graph (the experts pinned in place and mapped; STRATA_EC_DECODE
+ * = auto (default), graph or host): a one-token batch needs no host work inside the
+ * step.  The caller's expert
+ * kernels take the routed ids as they are and read expert e of layer il through
+ * strata_gpu_ec_tab(gx, il) (strata_k_mvq_args.etab): the expert's VRAM slot when it
+ * is resident, else its host bytes, read over PCIe by the kernels.  Per step:
+ *   strata_gpu_ec_graph_begin   before the step, device idle: the cache sees the
+ *                               last step's routing (hits, misses, fills and
+ *                               re-balance copies on the copy stream), finished
+ *                               fills enter the table, the table is uploaded on the
+ *                               compute stream if it changed
+ *   strata_gpu_ec_graph_ids     inside the step, per MoE layer (capturable): keeps
+ *                               the layer's routed ids
+ *   strata_gpu_ec_graph_end     after the step: the ids come back with the logits
+ * The products are the same kernels on the same bytes, so the logits are bitwise
+ * those of the all-in-VRAM run.  Errors: STRATA_E_GPU, those of the expert cache. */
+int strata_gpu_ec_graph_mode(const struct strata_gpu_ec *gx);
+/* Whether this one-token step goes through the table (1) or is host-planned (0):
+ * always 1 with STRATA_EC_DECODE=graph; by default (auto) the faster way by measured
+ * step time (strata_gpu_ec_decode_done reports each step's wall time, seconds). */
+int strata_gpu_ec_decode_graph(struct strata_gpu_ec *gx);
+void strata_gpu_ec_decode_done(struct strata_gpu_ec *gx, int graph, double seconds);
+void strata_gpu_ec_graph_off(struct strata_gpu_ec *gx);
+const void *const *strata_gpu_ec_tab(const struct strata_gpu_ec *gx, int il);
+int strata_gpu_ec_graph_begin(struct strata_gpu_ec *gx, struct strata_err *err);
+int strata_gpu_ec_graph_ids(struct strata_gpu_ec *gx, int il, const int32_t *eids,
+                            struct strata_err *err);
+int strata_gpu_ec_graph_end(struct strata_gpu_ec *gx, struct strata_err *err);
 /* Layer il's expert stacks in the slot pool: record b of each at data + b * nb2. */
 void strata_gpu_ec_views(const struct strata_gpu_ec *gx, int il, struct strata_k_weight *gate,
                          struct strata_k_weight *up, struct strata_k_weight *down);

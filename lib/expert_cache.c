@@ -489,6 +489,17 @@ void strata_ec_set_pcie_frac(struct strata_expert_cache *ec, double pcie_frac)
     ec->o.pcie_frac = pcie_frac < 0 ? 0 : pcie_frac > 1 ? 1 : pcie_frac;
 }
 
+void strata_ec_set_admit(struct strata_expert_cache *ec, int admit)
+{
+    if (admit >= STRATA_EC_ADMIT_SCORE && admit <= STRATA_EC_ADMIT_NONE)
+        ec->o.admit = admit;
+}
+
+int strata_ec_get_admit(const struct strata_expert_cache *ec)
+{
+    return ec->o.admit;
+}
+
 void strata_ec_release(struct strata_expert_cache *ec, struct strata_ec_plan *plan)
 {
     if (plan->released)

@@ -217,6 +217,11 @@ int strata_ec_dispatch(const struct strata_expert_cache *ec, const struct strata
  * for the following lookups, e.g. per batch size. */
 void strata_ec_set_pcie_frac(struct strata_expert_cache *ec, double pcie_frac);
 
+/* Change the admission rule of LFRU demand misses (enum strata_ec_admit; another
+ * value is ignored) for the following lookups, e.g. none for prefill chunks, whose
+ * many experts would evict the ones decode uses; get returns the rule in force. */
+void strata_ec_set_admit(struct strata_expert_cache *ec, int admit);
+int strata_ec_get_admit(const struct strata_expert_cache *ec);
 /* Unpin the plan's slots.  Twice is a no-op. */
 void strata_ec_release(struct strata_expert_cache *ec, struct strata_ec_plan *plan);
 

@@ -4,13 +4,15 @@
  *   bench_offload [--shape S] [--layers N] [--ftype F] [--pp P[,P...]] [--tg T]
  *                 [--prefill CHUNK] [--budget PCT[,PCT...]] [--pcie-frac auto|F[,...]]
  *                 [--route model|uniform[,...]] [--pcie-gbs G] [--seed N] [--file PATH]
+ *                 [--reps N]
  *
  * Every prompt and decode token is a uniformly random token id (as llama-bench feeds
  * them), so routing follows the model, not a repeated token.  For each budget (percent
  * of the routed experts in VRAM slots), pcie_frac and routing: after a 64-token
  * warm-up, each ppP is one prompt of P tokens from an empty kv cache (in chunks of
  * --prefill), and tgT is T decode steps from an empty kv cache (run first), each
- * measured on its own with the expert cache's statistics of that phase: hit rate (distinct experts
+ * phase run --reps times in a row (lines tgT#1, tgT#2, ...; new token ids each time),
+ * each measured on its own with the expert cache's statistics of that phase: hit rate (distinct experts
  * per batch, and token-expert pairs), bytes that missed the cache per token, bytes
  * copied over PCIe and CPU experts per token, and the floor of the phase - the missed
  * bytes over the combined bandwidth of PCIe (--pcie-gbs, default 55 GB/s, the measured
@@ -137,7 +139,7 @@ int main(int argc, char **argv)
 {
     const char *shape = "qwen3-30b-a3b", *ftype = "Q4_K_M", *budgets = "25,50",
                *fracs = "1,auto", *pps = "512,2048", *routes = "model,uniform", *file = NULL;
-    int layers = 12, tg = 128, prefill = 2048;
+    int layers = 12, tg = 128, prefill = 2048, reps = 1;
     double pcie_gbs = 55;
     for (int i = 1; i < argc; i++) {
         if (i + 1 < argc && !strcmp(argv[i], "--shape")) shape = argv[++i];
@@ -145,6 +147,7 @@ int main(int argc, char **argv)
         else if (i + 1 < argc && !strcmp(argv[i], "--ftype")) ftype = argv[++i];
         else if (i + 1 < argc && !strcmp(argv[i], "--pp")) pps = argv[++i];
         else if (i + 1 < argc && !strcmp(argv[i], "--tg")) tg = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--prefill")) prefill = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--budget")) budgets = argv[++i];
         else if (i + 1 < argc && !strcmp(argv[i], "--pcie-frac")) fracs = argv[++i];
@@ -157,7 +160,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "usage: bench_offload [--shape S] [--layers N] [--ftype F] "
                     "[--pp P,...] [--tg T] [--prefill CHUNK] [--budget PCT,...] "
                     "[--pcie-frac auto|F,...] [--route model|uniform,...] [--pcie-gbs G] "
-                    "[--seed N] [--file PATH]\n");
+                    "[--seed N] [--file PATH] [--reps N]\n");
             return 2;
         }
     }
@@ -173,8 +176,8 @@ int main(int argc, char **argv)
             }
         }
     }
-    if (prefill < 1 || tg < 1) {
-        fprintf(stderr, "bench_offload: --prefill and --tg must be >= 1\n");
+    if (prefill < 1 || tg < 1 || reps < 1) {
+        fprintf(stderr, "bench_offload: --prefill, --tg and --reps must be >= 1\n");
         return 2;
     }
     struct strata_err err = {0, ""};
@@ -276,11 +279,14 @@ int main(int argc, char **argv)
                     rc = strata_engine_eval(e, ids, 64, STRATA_LOGITS_LAST, logits, &err);
                 /* decode first, then the prompts: a phase that fails is reported and the
                  * next configuration runs */
-                for (int p = -1; p < n_pp && !rc; p++) {
+                for (int q = 0; q < (n_pp + 1) * reps && !rc; q++) {
+                    const int p = q / reps - 1, r = q % reps;
                     struct phase ph;
                     char name[32];
                     int n = p < 0 ? tg : pp_list[p];
                     snprintf(name, sizeof name, p < 0 ? "tg%d" : "pp%d", n);
+                    if (reps > 1)
+                        snprintf(name + strlen(name), sizeof name - strlen(name), "#%d", r + 1);
                     for (int i = 0; i < n; i++)
                         ids[i] = bench_rnd_below(nv);
                     if ((rc = strata_engine_rollback(e, 0, &err)))

@@ -2,8 +2,8 @@
  * experts are (make check-gpu): on the tinycoder MoE models, for expert budgets of 100%,
  * 50%, 10% and 0 experts in VRAM, with misses copied over PCIe only (pcie_frac 1) and
  * split with the CPU worker pool (pcie_frac 0.5, and 0: every miss of a mat-vec batch on
- * the CPU; prefill chunks copy theirs), with 3
- * staging buffers (misses streamed in rounds), a
+ * the CPU; prefill chunks copy theirs), with 3 staging buffers (misses streamed in
+ * rounds) and with 4 (two halves: a round's copies overlap the previous round), a
  * prompt of 5 and one of 2,000 tokens: the logits after the prompt and after each of 8
  * greedy steps are within 5e-2 of the all-in-VRAM run and their argmax (the greedy ids)
  * is the same.  A stale or reused slot, an unfinished copy or a wrong expert id shows
@@ -134,18 +134,26 @@ static void model_matrix(const char *model, const char *text)
     strata_engine_close(e);
     e = NULL;
     l = malloc(sizeof(float) * (size_t)(N_GREEDY + 1) * nv);
-    /* the last two: 3 staging buffers, so prefill chunks and the 5-token prompt stream
-     * their experts in rounds (quantised weights: the 5-token rounds gather, quantise
-     * and run the 8-bit mat-vec kernels of the all-in-VRAM run) */
-    const int slots[6] = {total, total / 2, total / 10, 0, total / 10, 0};
+    /* the last four: 3 staging buffers, then 4 in two halves, so prefill chunks and the
+     * 5-token prompt stream their experts in rounds (quantised weights: the 5-token
+     * rounds gather, quantise and run the 8-bit mat-vec kernels of the all-in-VRAM run) */
+    /* then three with one-token steps as graphs (STRATA_EC_DECODE=graph): the experts
+     * read through the table, in place over PCIe when not in a slot */
+    const int slots[11] = {total,      total / 2, total / 10, 0,         total / 10, 0,
+                           total / 10, 0,         total / 2,  total / 10, 0};
     const double fracs[3] = {1.0, 0.5, 0.0};
-    const int n_budget = 6;
+    const int n_budget = 11;
     for (int bi = 0; bi < n_budget; bi++)
-        for (int fi = 0; fi < 3; fi++) {
+        for (int fi = 0; fi < (bi >= 8 ? 1 : 3); fi++) {
+            const int graph = bi >= 8;
+            if (graph)
+                setenv("STRATA_EC_DECODE", "graph", 1);
+            else
+                unsetenv("STRATA_EC_DECODE");
             struct strata_ec_cfg cfg;
             strata_ec_cfg_init(&cfg);
             cfg.slots = slots[bi];
-            cfg.staging = bi >= 4 ? 3 : 0;
+            cfg.staging = graph ? 0 : bi >= 6 ? 4 : bi >= 4 ? 3 : 0;
             cfg.pcie_frac = fracs[fi];
             cfg.pool_workers = fi == 2 ? 3 : 0; /* a pool of its own, or the engine's */
             cfg.adapt_every = bi == 2 ? 4 : 32;
@@ -186,7 +194,10 @@ static void model_matrix(const char *model, const char *text)
                 ok(rc == 0 && md <= tol && same,
                    "%s: %d of %d experts in VRAM, pcie_frac %.1f, prompt %d: max |logit diff| "
                    "%.2e (<= %.2e%s; logits up to %.1f), greedy ids %s%s%s", model, slots[bi],
-                   total, fracs[fi], plen[p], md, tol, cfg.staging ? ", 3 staging buffers" : "",
+                   total, fracs[fi], plen[p], md, tol,
+                   graph              ? ", decode steps as graphs"
+                   : cfg.staging == 4 ? ", 4 staging buffers in two halves"
+                   : cfg.staging      ? ", 3 staging buffers" : "",
                    maxv,
                    same ? "equal" : "differ", rc ? ": " : "", rc ? err.msg : "");
                 if (first_bad >= 0)
@@ -203,6 +214,21 @@ static void model_matrix(const char *model, const char *text)
                 diag("%s: %d of %d experts in VRAM, pcie_frac 1: hit rate over both prompts "
                      "%.*s", model, slots[bi], total, eol ? (int)(eol - all - 1) : 40, all + 1);
             }
+            if (graph) {
+                /* the quantised model's experts have 8-bit kernels: its decode steps
+                 * must have run through the table (F16 experts stay host-planned) */
+                const char *gs = strstr(logbuf, "graph decode steps: ");
+                int q = strstr(model, "Q4_K") != NULL;
+                double steps = gs ? atof(gs + strlen("graph decode steps: ")) : 0;
+                const char *inpl = gs ? strstr(gs, "over PCIe ") : NULL;
+                double zc = inpl ? atof(inpl + strlen("over PCIe ")) : -1;
+                /* a step's routing is seen before the next step: every greedy step
+                 * but the last of each prompt's, and the first has none before it */
+                ok(q ? steps >= 2 * N_GREEDY - 2 && (slots[bi] == total || zc > 0)
+                     : strstr(logbuf, "decode steps stay host-planned") != NULL,
+                   "%s: %d slots, graph steps: %.0f, %.3f MB read in place per step%s", model,
+                   slots[bi], steps, zc, q ? "" : " (F16 experts: host-planned, said so)");
+            }
             const char *cp = strstr(logbuf, "expert copies: ");
             double mbt = cp && strstr(cp, "(") ? atof(strstr(cp, "(") + 1) : -1;
             if (slots[bi] < total) {
@@ -218,6 +244,7 @@ static void model_matrix(const char *model, const char *text)
             }
         }
 out:
+    unsetenv("STRATA_EC_DECODE");
     free(base[0]);
     free(base[1]);
     free(l);

@@ -483,6 +483,27 @@ static void test_admit(void)
                 strata_ec_release(ec, &p);
             int nr = strata_ec_rebalance(ec, 2, il, ie, sl);
             ok(nr == 1 && ie[0] == x, "admit none: the re-balance swaps it in (%d swaps)", nr);
+            /* switched at run time: score admits a miss again, none streams it again */
+            for (int i = 0; i < nr; i++)
+                strata_ec_fill_done(ec, sl[i], &err);
+            int32_t y = 0;
+            while (strata_ec_slot_of(ec, 0, y, NULL) >= 0)
+                y++;
+            int w2[2] = {-1, -1};
+            for (int t = 0; t < 2; t++) {
+                strata_ec_set_admit(ec, t == 0 ? STRATA_EC_ADMIT_NONE : STRATA_EC_ADMIT_SCORE);
+                if (strata_ec_lookup(ec, 0, 1, &y, &p, &err))
+                    break;
+                w2[t] = p.items[0].where;
+                if (w2[t] == STRATA_EC_FILL)
+                    strata_ec_fill_done(ec, p.items[0].slot, &err);
+                strata_ec_release(ec, &p);
+            }
+            strata_ec_set_admit(ec, 7); /* ignored */
+            ok(w2[0] == STRATA_EC_STREAM && w2[1] == STRATA_EC_FILL &&
+                   strata_ec_get_admit(ec) == STRATA_EC_ADMIT_SCORE,
+               "set_admit: none streams (%d), score fills (%d), a bad value is ignored", w2[0],
+               w2[1]);
         }
         strata_ec_free(ec);
     }
