@@ -1014,8 +1014,8 @@ static void fuse_norm(struct gpu_state *s, struct strata_k_mvq_args *a, const fl
  * fuse_next.  Returns 1 (nothing launched) when the weights do not take this path. */
 static int ffn_q8(struct gpu_state *s, const struct strata_k_weight *g,
                   const struct strata_k_weight *u, const struct strata_k_weight *d, int n,
-                  int k, const int32_t *ids, const void *const *etab, int fuse_next,
-                  const float *next_nw, int *rc, struct strata_err *err)
+                  int k, const int32_t *ids, const void *const *etab, int etab_slot,
+                  int fuse_next, const float *next_nw, int *rc, struct strata_err *err)
 {
     if (!mvq_ok(s, g, n) || !mvq_ok(s, d, n) || g->ne1 % 32 || g->ne1 != d->ne0)
         return 1;
@@ -1026,6 +1026,7 @@ static int ffn_q8(struct gpu_state *s, const struct strata_k_weight *g,
     a.mode = STRATA_K_MVQ_GLU;
     a.ids = ids;
     a.etab = etab;
+    a.etab_slot = etab_slot;
     a.n_slot = n * k;
     a.x_group = k;
     a.xq = s->xq;
@@ -1038,6 +1039,7 @@ static int ffn_q8(struct gpu_state *s, const struct strata_k_weight *g,
     a.mode = ids ? STRATA_K_MVQ_COMBINE : STRATA_K_MVQ_PLAIN;
     a.ids = ids;
     a.etab = etab;
+    a.etab_slot = etab_slot;
     a.n_slot = n;
     a.x_group = 1;
     a.k = k;
@@ -1196,10 +1198,13 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                 goto fail;
             int done = 0;
             const void *const *etab = NULL;
+            int etab_slot = 0;
             if (s->xc && n == 1 && s->tab_now) {
-                /* the step reads the experts through the table; the ids go back after */
-                etab = strata_gpu_ec_tab(s->xc, il);
-                if (OP("moe_ids", strata_gpu_ec_graph_ids(s->xc, il, s->eids, err)))
+                /* the step reads the experts through the table (missed ones staged by
+                 * a kernel first); the ids go back after */
+                if (OP("moe_ids", strata_gpu_ec_graph_ids(s->xc, il, s->eids, err)) ||
+                    OP("moe_resolve", strata_gpu_ec_graph_resolve(s->xc, il, s->eids, &etab,
+                                                                  &etab_slot, err)))
                     goto fail;
             } else if (s->xc) {
                 /* offloaded experts: hits and copies on the GPU, misses maybe on the CPU;
@@ -1220,7 +1225,7 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                                                            s->x, err)))
                     goto fail;
             } else if (!ffn_q8(s, &D->gate_exps, &D->up_exps, &D->down_exps, n, k, s->eids,
-                               etab, fuse_next, next_nw, &rc, err)) {
+                               etab, etab_slot, fuse_next, next_nw, &rc, err)) {
                 if (rc)
                     goto fail;
                 normed = fuse_next;
@@ -1228,8 +1233,8 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                 OP("moe_down", down_exps(s, &D->down_exps, s->act, n, rows, s->eout, err)) ||
                 OP("moe_combine", strata_k_moe_combine(&s->ctx, s->eout, s->ew, n, k, E, s->x, s->x, err)))
                 goto fail;
-        } else if (!ffn_q8(s, &D->gate, &D->up, &D->down, n, 1, NULL, NULL, fuse_next, next_nw,
-                           &rc, err)) {
+        } else if (!ffn_q8(s, &D->gate, &D->up, &D->down, n, 1, NULL, NULL, 0, fuse_next,
+                           next_nw, &rc, err)) {
             if (rc)
                 goto fail;
             normed = fuse_next;

@@ -54,6 +54,84 @@ __global__ void ec_scatter_kernel(const float *__restrict__ x, const int32_t *__
         y[(int64_t)idx[i] * n + c] = x[(int64_t)i * n + c];
 }
 
+#define RESOLVE_SEGS 96 /* 3 parts of up to 32 routed experts */
+#define RESOLVE_UNROLL 8
+
+/* A graph decode step's routed experts of one layer, before its expert kernels:
+ * sptr[3 s + p] = part p (gate, up, down) of the expert of slot s (ids[s], s < k): the
+ * table's pointer when it lies in VRAM ([lo, hi)), else staging record s, into which
+ * every block copies the expert's host bytes with 16-byte reads, RESOLVE_UNROLL of them
+ * in flight per thread (the kernels that follow then read VRAM, not PCIe a few bytes at
+ * a time).  len[p] % 16 == 0, 16-byte aligned parts. */
+__global__ void ec_resolve_kernel(const uint8_t *const *__restrict__ tab,
+                                  const int32_t *__restrict__ ids, int k, uintptr_t lo,
+                                  uintptr_t hi, uint8_t *stage, size_t rec, size_t off_up,
+                                  size_t off_down, size_t len0, size_t len1, size_t len2,
+                                  const uint8_t **sptr)
+{
+    __shared__ const uint4 *seg_src[RESOLVE_SEGS];
+    __shared__ uint4 *seg_dst[RESOLVE_SEGS];
+    __shared__ size_t seg_end[RESOLVE_SEGS];
+    __shared__ unsigned char host[RESOLVE_SEGS];
+    __shared__ int n_seg;
+    strata_pdl_wait();
+    strata_pdl_trigger();
+    const int t = threadIdx.x;
+    if (t < 3 * k) {
+        const int sl = t / 3, p = t % 3;
+        const uint8_t *src = tab[3 * (size_t)ids[sl] + p];
+        uint8_t *dst = stage + (size_t)sl * rec + (p == 0 ? 0 : p == 1 ? off_up : off_down);
+        const int in_vram = (uintptr_t)src >= lo && (uintptr_t)src < hi;
+        host[t] = !in_vram;
+        seg_src[t] = (const uint4 *)src;
+        seg_dst[t] = (uint4 *)dst;
+        if (blockIdx.x == 0)
+            sptr[t] = in_vram ? src : dst;
+    }
+    __syncthreads();
+    if (t == 0) {
+        /* the host parts, compacted, with their running end in 16-byte units */
+        int m = 0;
+        size_t end = 0;
+        for (int i = 0; i < 3 * k; i++)
+            if (host[i]) {
+                end += (i % 3 == 0 ? len0 : i % 3 == 1 ? len1 : len2) / 16;
+                seg_src[m] = seg_src[i];
+                seg_dst[m] = seg_dst[i];
+                seg_end[m] = end;
+                m++;
+            }
+        n_seg = m;
+    }
+    __syncthreads();
+    const int ns = n_seg;
+    if (!ns)
+        return;
+    const size_t total = seg_end[ns - 1], gs = (size_t)gridDim.x * blockDim.x;
+    for (size_t base = (size_t)blockIdx.x * blockDim.x + t; base < total;
+         base += RESOLVE_UNROLL * gs) {
+        uint4 v[RESOLVE_UNROLL];
+        uint4 *d[RESOLVE_UNROLL];
+#pragma unroll
+        for (int j = 0; j < RESOLVE_UNROLL; j++) {
+            const size_t i = base + j * gs;
+            d[j] = NULL;
+            if (i < total) {
+                int g = 0;
+                while (seg_end[g] <= i)
+                    g++;
+                const size_t o = i - (g ? seg_end[g - 1] : 0);
+                v[j] = seg_src[g][o];
+                d[j] = seg_dst[g] + o;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < RESOLVE_UNROLL; j++)
+            if (d[j])
+                *d[j] = v[j];
+    }
+}
+
 #ifdef STRATA_GPU_HOST_PASS
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
@@ -149,6 +227,10 @@ struct strata_gpu_ec {
     const void **h_tab;                  /* [L * X * 3] pinned copy of d_tab */
     void **d_tab;
     int32_t *d_hist, *h_hist;            /* [L * K] */
+    /* stage_misses: a graph step copies the layer's missed experts into staging records
+     * first (ec_resolve_kernel), its expert kernels read d_sptr [3 K] */
+    int stage_misses;
+    const uint8_t **d_sptr;
     struct {
         cudaEvent_t ev;
         int32_t *slots;
@@ -591,7 +673,7 @@ void strata_gpu_ec_free(struct strata_gpu_ec *gx)
             (void)cudaFreeHost(hp[i]);
     void *dp[] = {gx->pool_dev, gx->d_rids, gx->d_idx, gx->d_rc, gx->d_cidx,
                   gx->d_xg, gx->d_eoc, gx->d_cpu, gx->d_rnext, gx->d_xgq, gx->d_tab,
-                  gx->d_hist};
+                  gx->d_hist, (void *)gx->d_sptr};
     for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
         if (dp[i])
             (void)cudaFree(dp[i]);
@@ -812,6 +894,25 @@ static int graph_setup(struct strata_gpu_ec *gx, struct strata_err *err)
         rc = call(gx, cudaEventCreateWithFlags(&gx->gfill[i].ev, cudaEventDisableTiming),
                   "cudaEventCreate", err);
     }
+    /* misses staged by a kernel (STRATA_EC_STAGE_MISSES=0: read in place): K staging
+     * records, 16-byte parts */
+    const char *sm = getenv("STRATA_EC_STAGE_MISSES");
+    int stage_ok = !(sm && strcmp(sm, "0") == 0) && gx->n_staging >= gx->K &&
+                   3 * gx->K <= RESOLVE_SEGS && gx->rec % 16 == 0 && gx->off_up % 16 == 0 &&
+                   gx->off_down % 16 == 0;
+    for (int il = 0; il < gx->L && stage_ok; il++) {
+        if (!gx->m->layers[il].is_moe)
+            continue;
+        stage_ok = gx->bg[il] % 16 == 0 && gx->bu[il] % 16 == 0 && gx->bd[il] % 16 == 0;
+        for (int ie = 0; ie < gx->X && stage_ok; ie++)
+            for (int p = 0; p < 3; p++)
+                stage_ok = stage_ok &&
+                           (uintptr_t)gx->tab_host[((size_t)il * gx->X + ie) * 3 + p] % 16 == 0;
+    }
+    if (!rc && stage_ok)
+        rc = dev_alloc(gx, (void **)&gx->d_sptr, sizeof(void *) * 3 * (size_t)gx->K,
+                       "expert pointers", err);
+    gx->stage_misses = stage_ok;
     memset(gx->h_tab, 0, nt * sizeof(void *));
     if (rc || (rc = graph_table(gx, err)) ||
         (rc = call(gx, cudaStreamSynchronize(gx->ctx->stream), "upload of the expert table",
@@ -881,6 +982,27 @@ void strata_gpu_ec_graph_off(struct strata_gpu_ec *gx)
 const void *const *strata_gpu_ec_tab(const struct strata_gpu_ec *gx, int il)
 {
     return (const void *const *)(gx->d_tab + (size_t)il * gx->X * 3);
+}
+
+int strata_gpu_ec_graph_resolve(struct strata_gpu_ec *gx, int il, const int32_t *eids,
+                                const void *const **ptrs, int *by_slot, struct strata_err *err)
+{
+    *ptrs = strata_gpu_ec_tab(gx, il);
+    *by_slot = 0;
+    if (!gx->stage_misses)
+        return 0;
+    const uintptr_t lo = (uintptr_t)gx->pool_dev,
+                    hi = lo + (uintptr_t)(gx->n_slots + gx->n_staging) * gx->rec;
+    dim3 grid(4 * (unsigned)(gx->ctx->info.n_sm > 0 ? gx->ctx->info.n_sm : 32)), block(256);
+    strata_k_launch(gx->ctx, ec_resolve_kernel, grid, block, (const uint8_t *const *)*ptrs,
+                    (const int32_t *)eids, gx->K, lo, hi,
+                    (uint8_t *)gx->pool_dev + (size_t)gx->n_slots * gx->rec, gx->rec, gx->off_up,
+                    gx->off_down, gx->bg[il], gx->bu[il], gx->bd[il], gx->d_sptr);
+    int rc = strata_k_check(gx->ctx, "ec_resolve_kernel", grid, block, err, "layer %d k=%d", il,
+                            gx->K);
+    *ptrs = (const void *const *)gx->d_sptr;
+    *by_slot = 1;
+    return rc;
 }
 
 int strata_gpu_ec_graph_ids(struct strata_gpu_ec *gx, int il, const int32_t *eids,

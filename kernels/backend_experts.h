@@ -112,6 +112,14 @@ int strata_gpu_ec_graph_begin(struct strata_gpu_ec *gx, struct strata_err *err);
 int strata_gpu_ec_graph_ids(struct strata_gpu_ec *gx, int il, const int32_t *eids,
                             struct strata_err *err);
 int strata_gpu_ec_graph_end(struct strata_gpu_ec *gx, struct strata_err *err);
+/* Inside a graph step, after the layer's routing into eids [K] (capturable): the
+ * pointers its expert kernels take (strata_k_mvq_args.etab) into *ptrs, and into
+ * *by_slot whether they are per slot (etab_slot) - the layer's missed experts first
+ * copied into staging records by a kernel (16-byte reads over PCIe), unless
+ * STRATA_EC_STAGE_MISSES=0 or the parts are not 16-byte sized and aligned, in which
+ * case the table itself (per expert), read in place. */
+int strata_gpu_ec_graph_resolve(struct strata_gpu_ec *gx, int il, const int32_t *eids,
+                                const void *const **ptrs, int *by_slot, struct strata_err *err);
 /* Layer il's expert stacks in the slot pool: record b of each at data + b * nb2. */
 void strata_gpu_ec_views(const struct strata_gpu_ec *gx, int il, struct strata_k_weight *gate,
                          struct strata_k_weight *up, struct strata_k_weight *down);

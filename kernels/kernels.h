@@ -183,6 +183,9 @@ struct strata_k_mvq_args {
      * live anywhere the device can read: a VRAM slot, or mapped host memory read over
      * PCIe.  The same products in the same order; NULL: the stacks. */
     const void *const *etab;
+    /* etab_slot: etab is indexed by slot instead (3 s + part for GLU slot s, 3 sl + 2 for
+     * COMBINE assignment sl): pointers resolved for this batch */
+    int etab_slot;
     /* PLAIN with 2 rows per group (ne1 >= 16384, Q6_K/Q8_0, rows 16-byte aligned):
      * stage the rows through shared memory; 0: unless STRATA_NO_MVQ_STAGE=1, 1: yes,
      * -1: no.  The results are the same bits either way. */

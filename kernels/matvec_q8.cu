@@ -292,6 +292,7 @@ struct mvq_params {
     const int32_t *ids;
     const uint8_t *const *tab; /* strata_k_mvq_args.etab, or NULL */
     int tab_w;                 /* the part w is: 0 gate (GLU), 2 down (COMBINE) */
+    int tab_slot;              /* strata_k_mvq_args.etab_slot */
     int x_group, k;
     const float *cw;
     const uint8_t *xq;
@@ -361,7 +362,7 @@ __global__ void __launch_bounds__(512) mvq_kernel(struct mvq_params p)
 #pragma unroll 4
         for (int i = gl; i < items; i += tpr) {
             int j = i / p.nu, uu = i - j * p.nu, sl = s * p.k + j;
-            const uint8_t *wb = p.tab ? p.tab[3 * (size_t)p.ids[sl] + 2]
+            const uint8_t *wb = p.tab ? p.tab[3 * (size_t)(p.tab_slot ? sl : p.ids[sl]) + 2]
                                       : p.w + (size_t)p.ids[sl] * p.nb2;
             const uint8_t *xr = p.xq + (size_t)(sl / p.x_group) * p.xq_row;
             float cw = p.cw[sl];
@@ -376,7 +377,7 @@ __global__ void __launch_bounds__(512) mvq_kernel(struct mvq_params p)
         const uint8_t *xr = STAGE ? stage : p.xq + (size_t)(s / p.x_group) * p.xq_row;
         const uint8_t *wr, *ur = NULL;
         if (!STAGE && p.tab) {
-            const size_t e3 = 3 * (size_t)p.ids[s];
+            const size_t e3 = 3 * (size_t)(p.tab_slot ? s : p.ids[s]);
             wr = p.tab[e3 + p.tab_w];
             if (MODE == STRATA_K_MVQ_GLU)
                 ur = p.tab[e3 + 1];
@@ -529,6 +530,7 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     p.ids = a->ids;
     p.tab = a->ids && mode != STRATA_K_MVQ_PLAIN ? (const uint8_t *const *)a->etab : NULL;
     p.tab_w = mode == STRATA_K_MVQ_GLU ? 0 : 2;
+    p.tab_slot = a->etab_slot;
     p.x_group = a->x_group;
     p.k = mode == STRATA_K_MVQ_COMBINE ? a->k : 1;
     p.cw = a->cw;

@@ -17,8 +17,8 @@
 # against the experts' bytes), 25% and 50% of the experts in VRAM, the model's routing.
 # check: test_kernels and test_golden (with the fixtures packed into DIR/fixtures, if
 # any).  ab: bench_gpu --ab over $AB.  offmem: bench_offload from memory, once per
-# setting of $OFFENV (space-separated VAR=VALUE, "-" for none).  offtest:
-# test_expert_offload.  prof: per-operation times (STRATA_GPU_PROFILE=1).  spec:
+# setting of $OFFENV (space-separated settings, each VAR=VALUE[,VAR=VALUE...], "-"
+# for none; more options in $OFFARGS, e.g. --reps 3).  offtest: test_expert_offload.  prof: per-operation times (STRATA_GPU_PROFILE=1).  spec:
 # scripts/bench-spec.sh on the host's CPU (all its threads, or $SPEC_THREADS; more
 # options in $SPEC_ARGS).  ncupp: Nsight Compute's full report of a few prefill kernels.
 # gpushell: the GPU shell tests (tests/gpu/t0610, t0612, t0900) on the packed programs
@@ -87,7 +87,7 @@ for w in $what; do
     offmem)
         for e in ${OFFENV:--}; do
             echo "== bench_offload ${e#-}" | tee -a "$out/offmem.log"
-            ( [ "$e" != - ] && export "$e"
+            ( [ "$e" != - ] && for v in ${e//,/ }; do export "$v"; done
               timeout 300 stdbuf -oL "$d/bench_offload" --budget ${BUDGETS:-25,50} \
                   --route model --pcie-frac ${FRACS:-1,auto} --pp ${PP:-2048} --tg 128 \
                   ${OFFARGS:-} ) 2>&1 |
