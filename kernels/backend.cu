@@ -1229,6 +1229,11 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                 if (rc)
                     goto fail;
                 normed = fuse_next;
+            } else if (etab) {
+                /* the table holds expert ids' pointers only the 8-bit kernels take */
+                rc = strata_k_err(err, STRATA_E_INTERNAL, "layer %d: a graph step's experts "
+                                  "without their 8-bit kernels", il);
+                goto fail;
             } else if (OP("moe_gate_up", glu(s, &D->gate_exps, &D->up_exps, s->xn, n, k, s->eids, s->act, err)) ||
                 OP("moe_down", down_exps(s, &D->down_exps, s->act, n, rows, s->eout, err)) ||
                 OP("moe_combine", strata_k_moe_combine(&s->ctx, s->eout, s->ew, n, k, E, s->x, s->x, err)))
@@ -1333,8 +1338,11 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
     s->tab_now = tab_step;
     struct timespec ts0;
     clock_gettime(CLOCK_MONOTONIC, &ts0);
-    if (tab_step && (rc = strata_gpu_ec_graph_begin(s->xc, err)))
+    if (tab_step && (rc = strata_gpu_ec_graph_begin(s->xc, err))) {
+        (void)cudaStreamSynchronize(st); /* h_in must outlive the copies queued above */
+        (void)cudaGetLastError();
         return rc;
+    }
     int graphable = s->use_graph && n <= MATVEC_MAX && !b->embd && want &&
                     !s->graph_off[n][rows_all] && (!s->xc || tab_step);
     if (graphable && !s->graph_exec[n][rows_all] && !s->graph_used[n][rows_all]) {

@@ -194,6 +194,7 @@ struct strata_gpu_ec {
      * chunk's experts hit).  STRATA_EC_PREFILL_ADMIT=1 admits in every chunk, =0 in
      * none (prefill_admit 1 / 0; -1 the rule) */
     int admit0, prefill_admit;
+    int boost; /* a chunk admitted nothing since the last mat-vec batch's re-balance */
     /* host buffers (pinned) */
     int32_t *h_ids, *h_arena;
     size_t arena_cap, arena_used;
@@ -751,12 +752,15 @@ static int plan(struct strata_gpu_ec *gx, const struct strata_gpu_ec_in *in, int
      * the budget (the slots give up the records) */
     const char *dbe = getenv("STRATA_EC_STAGE_DB");
     const int db_ok = !(dbe && strcmp(dbe, "0") == 0);
+    int doubled = 0;
     if (in->cfg->staging > 0)
         ns = in->cfg->staging;
     else if (db_ok && ns == 2 * gx->K && 4 * (uint64_t)gx->K * gx->rec <= p.budget / 8)
-        ns = 4 * gx->K;
+        ns = 4 * gx->K, doubled = 1;
     gx->n_staging = ns;
-    gx->stage_db = db_ok && ns >= 4 && ns % 2 == 0 && ns <= 4 * gx->K;
+    /* halves only where staging was doubled for them (or asked for): staging sized to
+     * hold a whole verify window keeps it in one round */
+    gx->stage_db = db_ok && (doubled || (in->cfg->staging >= 4 && ns % 2 == 0));
     gx->round = gx->stage_db ? ns / 2 : ns;
     if (p.staging && ns > 2 * gx->K) {
         uint32_t drop = (uint32_t)(ns - 2 * gx->K);
@@ -784,6 +788,20 @@ static int plan(struct strata_gpu_ec *gx, const struct strata_gpu_ec_in *in, int
     }
     *n_slots = p.n_slots == pi.n_experts_total && in->cfg->slots < 0 ? -1 : (int)p.n_slots;
     return 0;
+}
+
+/* Swaps of the re-balance at a batch's first MoE layer: 2 k, or after a prefill chunk
+ * that admitted nothing (boost) up to a quarter of the slots, at most 64, so that the
+ * prompt's hottest experts enter once, outside any chunk's copies. */
+static int boost_max(struct strata_gpu_ec *gx)
+{
+    int max = 2 * gx->K < 64 ? 2 * gx->K : 64;
+    if (gx->boost) {
+        int q = gx->n_slots / 4 < 64 ? gx->n_slots / 4 : 64;
+        max = q > max ? q : max;
+        gx->boost = 0;
+    }
+    return max;
 }
 
 /* ---- decode steps as one graph: experts read through a table ---- */
@@ -875,6 +893,9 @@ static int graph_setup(struct strata_gpu_ec *gx, struct strata_err *err)
                 gx->tab_host[((size_t)il * gx->X + ie) * 3 + p] = (const void *)d;
             }
     }
+    for (size_t i = 0; i < nt && !why; i++)
+        if ((uintptr_t)gx->tab_host[i] % 16)
+            why = "an expert's host bytes are not 16-byte aligned";
     if (why) {
         if (!gx->auto_mode)
             strata_log_warn("STRATA_EC_DECODE=graph: %s; decode steps stay host-planned",
@@ -900,15 +921,9 @@ static int graph_setup(struct strata_gpu_ec *gx, struct strata_err *err)
     int stage_ok = !(sm && strcmp(sm, "0") == 0) && gx->n_staging >= gx->K &&
                    3 * gx->K <= RESOLVE_SEGS && gx->rec % 16 == 0 && gx->off_up % 16 == 0 &&
                    gx->off_down % 16 == 0;
-    for (int il = 0; il < gx->L && stage_ok; il++) {
-        if (!gx->m->layers[il].is_moe)
-            continue;
-        stage_ok = gx->bg[il] % 16 == 0 && gx->bu[il] % 16 == 0 && gx->bd[il] % 16 == 0;
-        for (int ie = 0; ie < gx->X && stage_ok; ie++)
-            for (int p = 0; p < 3; p++)
-                stage_ok = stage_ok &&
-                           (uintptr_t)gx->tab_host[((size_t)il * gx->X + ie) * 3 + p] % 16 == 0;
-    }
+    for (int il = 0; il < gx->L && stage_ok; il++)
+        if (gx->m->layers[il].is_moe)
+            stage_ok = gx->bg[il] % 16 == 0 && gx->bu[il] % 16 == 0 && gx->bd[il] % 16 == 0;
     if (!rc && stage_ok)
         rc = dev_alloc(gx, (void **)&gx->d_sptr, sizeof(void *) * 3 * (size_t)gx->K,
                        "expert pointers", err);
@@ -1054,7 +1069,7 @@ int strata_gpu_ec_graph_begin(struct strata_gpu_ec *gx, struct strata_err *err)
             strata_ec_release(gx->ec, &p);
             if (!rc && il == gx->first_moe) {
                 int32_t t[3 * 64];
-                int max = 2 * K < 64 ? 2 * K : 64;
+                int max = boost_max(gx);
                 int nr = strata_ec_rebalance(gx->ec, max, t, t + max, t + 2 * max);
                 for (int i = 0; i < nr && !rc; i++) {
                     rc = copy_expert(gx, t[i], t[max + i], t[2 * max + i], err);
@@ -1069,11 +1084,12 @@ int strata_gpu_ec_graph_begin(struct strata_gpu_ec *gx, struct strata_err *err)
         if (gx->gfill_count == GFILL_RING)
             rc = gfill_poll(gx, 1, err);
         int b = (gx->gfill_head + gx->gfill_count) % GFILL_RING;
+        if (!rc)
+            rc = call(gx, cudaEventRecord(gx->gfill[b].ev, gx->copy), "cudaEventRecord", err);
         if (!rc) {
             memcpy(gx->gfill[b].slots, gx->gslots, sizeof(int32_t) * (size_t)ng);
             gx->gfill[b].n = ng;
             gx->gfill_count++;
-            rc = call(gx, cudaEventRecord(gx->gfill[b].ev, gx->copy), "cudaEventRecord", err);
         }
     }
     if (!rc)
@@ -1774,13 +1790,13 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
         return rc;
     gx->t_fwd_sync += now_s() - t0;
     collect_wait(gx);
-    if ((rc = poll_fills(gx, 0, err)))
+    if ((rc = poll_fills(gx, 0, err)) || (gx->gfill_count && (rc = gfill_poll(gx, 0, err))))
         return rc;
     if (gx->route_uniform)
         random_route(gx, n);
     if (il == gx->first_moe && !no_admit) {
         int32_t t[3 * 64];
-        int max = 2 * K < 64 ? 2 * K : 64;
+        int max = boost_max(gx);
         int nr = strata_ec_rebalance(gx->ec, max, t, t + max, t + 2 * max);
         for (int i = 0; i < nr && !rc; i++)
             rc = fill_slot(gx, t[i], t[max + i], t[2 * max + i], err);
@@ -1878,20 +1894,8 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
         if (rc)
             goto out;
     }
-    if (no_admit && nx < 0 && gx->n_slots > 0) {
-        /* the end of a prefill chunk, which admitted nothing: its hottest experts
-         * replace colder ones now (the re-balance's rule, a quarter of the slots at
-         * most), copied while the rest of the chunk and the next steps run */
-        int max = gx->n_slots / 4 < 128 ? gx->n_slots / 4 : 128;
-        int32_t t[3 * 128];
-        int nr = max > 0 ? strata_ec_rebalance(gx->ec, max, t, t + max, t + 2 * max) : 0;
-        for (int i = 0; i < nr && !rc; i++)
-            rc = fill_slot(gx, t[i], t[max + i], t[2 * max + i], err);
-        if (!rc && nr)
-            rc = call(gx, cudaEventRecord(gx->ev_copy, gx->copy), "cudaEventRecord", err);
-        if (rc)
-            goto out;
-    }
+    if (no_admit)
+        gx->boost = 1; /* the next mat-vec batch's re-balance takes the chunk's experts */
     if (p.n_cpu) {
         int32_t *idx = arena(gx, (size_t)A);
         double tc = now_s();

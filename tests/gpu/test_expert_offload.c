@@ -137,12 +137,14 @@ static void model_matrix(const char *model, const char *text)
     /* the last four: 3 staging buffers, then 4 in two halves, so prefill chunks and the
      * 5-token prompt stream their experts in rounds (quantised weights: the 5-token
      * rounds gather, quantise and run the 8-bit mat-vec kernels of the all-in-VRAM run) */
-    /* then three with one-token steps as graphs (STRATA_EC_DECODE=graph): the experts
-     * read through the table, in place over PCIe when not in a slot */
-    const int slots[11] = {total,      total / 2, total / 10, 0,         total / 10, 0,
-                           total / 10, 0,         total / 2,  total / 10, 0};
+    /* then four with one-token steps as graphs (STRATA_EC_DECODE=graph): the experts
+     * read through the table, the missed ones staged by a kernel first, and in the last
+     * read in place over PCIe (STRATA_EC_STAGE_MISSES=0).  The others run the default
+     * (auto): blocks of steps each way */
+    const int slots[12] = {total,      total / 2, total / 10, 0,         total / 10, 0,
+                           total / 10, 0,         total / 2,  total / 10, 0, total / 10};
     const double fracs[3] = {1.0, 0.5, 0.0};
-    const int n_budget = 11;
+    const int n_budget = 12;
     for (int bi = 0; bi < n_budget; bi++)
         for (int fi = 0; fi < (bi >= 8 ? 1 : 3); fi++) {
             const int graph = bi >= 8;
@@ -150,6 +152,10 @@ static void model_matrix(const char *model, const char *text)
                 setenv("STRATA_EC_DECODE", "graph", 1);
             else
                 unsetenv("STRATA_EC_DECODE");
+            if (bi == 11)
+                setenv("STRATA_EC_STAGE_MISSES", "0", 1);
+            else
+                unsetenv("STRATA_EC_STAGE_MISSES");
             struct strata_ec_cfg cfg;
             strata_ec_cfg_init(&cfg);
             cfg.slots = slots[bi];
@@ -195,7 +201,8 @@ static void model_matrix(const char *model, const char *text)
                    "%s: %d of %d experts in VRAM, pcie_frac %.1f, prompt %d: max |logit diff| "
                    "%.2e (<= %.2e%s; logits up to %.1f), greedy ids %s%s%s", model, slots[bi],
                    total, fracs[fi], plen[p], md, tol,
-                   graph              ? ", decode steps as graphs"
+                   bi == 11           ? ", decode steps as graphs reading in place"
+                   : graph            ? ", decode steps as graphs"
                    : cfg.staging == 4 ? ", 4 staging buffers in two halves"
                    : cfg.staging      ? ", 3 staging buffers" : "",
                    maxv,
@@ -213,6 +220,14 @@ static void model_matrix(const char *model, const char *text)
                 const char *eol = strchr(all + 1, '\n');
                 diag("%s: %d of %d experts in VRAM, pcie_frac 1: hit rate over both prompts "
                      "%.*s", model, slots[bi], total, eol ? (int)(eol - all - 1) : 40, all + 1);
+            }
+            if (!graph && strstr(model, "Q4_K") && slots[bi] < total && fi == 0) {
+                /* auto: the first prompt's steps host-planned, the second's as graphs */
+                const char *gs = strstr(logbuf, "graph decode steps: ");
+                double steps = gs ? atof(gs + strlen("graph decode steps: ")) : 0;
+                ok(steps >= N_GREEDY - 2 && steps <= N_GREEDY,
+                   "%s: %d slots, auto: %.0f of %d decode steps' routing seen as graphs", model,
+                   slots[bi], steps, 2 * N_GREEDY);
             }
             if (graph) {
                 /* the quantised model's experts have 8-bit kernels: its decode steps
@@ -245,6 +260,7 @@ static void model_matrix(const char *model, const char *text)
         }
 out:
     unsetenv("STRATA_EC_DECODE");
+    unsetenv("STRATA_EC_STAGE_MISSES");
     free(base[0]);
     free(base[1]);
     free(l);
