@@ -587,6 +587,7 @@ void strata_gpu_ec_times(struct strata_gpu_ec *gx, int reset, struct strata_ec_t
     if (reset) {
         gx->t_moe = gx->t_fwd_sync = gx->t_copy_wait = gx->t_cpu = 0;
         gx->bytes_copied = gx->n_copies = gx->n_cpu_experts = 0;
+        gx->graph_steps = gx->zc_bytes = 0;
         return;
     }
     t->moe_s = gx->t_moe;
@@ -596,6 +597,8 @@ void strata_gpu_ec_times(struct strata_gpu_ec *gx, int reset, struct strata_ec_t
     t->bytes_copied = gx->bytes_copied;
     t->n_copies = gx->n_copies;
     t->n_cpu_experts = gx->n_cpu_experts;
+    t->graph_steps = gx->graph_steps;
+    t->bytes_in_place = gx->zc_bytes;
 }
 
 struct strata_expert_cache *strata_gpu_ec_cache(struct strata_gpu_ec *gx)

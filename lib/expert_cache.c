@@ -739,7 +739,9 @@ struct cJSON *strata_ec_stats_json(const struct strata_expert_cache *ec,
             !cJSON_AddNumberToObject(ts, "host", host > 0 ? host : 0) ||
             !cJSON_AddNumberToObject(o, "copies", (double)t->n_copies) ||
             !cJSON_AddNumberToObject(o, "bytes_copied", (double)t->bytes_copied) ||
-            !cJSON_AddNumberToObject(o, "cpu_experts", (double)t->n_cpu_experts))
+            !cJSON_AddNumberToObject(o, "cpu_experts", (double)t->n_cpu_experts) ||
+            !cJSON_AddNumberToObject(o, "graph_steps", (double)t->graph_steps) ||
+            !cJSON_AddNumberToObject(o, "bytes_in_place", (double)t->bytes_in_place))
             goto fail;
     }
     return o;

@@ -270,6 +270,9 @@ struct strata_ec_times {
     double copy_wait_s; /* GPU time the compute stream waited for expert copies */
     double cpu_s;       /* of which computing CPU experts */
     uint64_t bytes_copied, n_copies, n_cpu_experts;
+    /* decode steps run as graphs (their time is in none of the above: no host work
+     * inside them) and the expert bytes their kernels read in place over PCIe */
+    uint64_t graph_steps, bytes_in_place;
 };
 
 struct cJSON;
@@ -277,7 +280,8 @@ struct cJSON;
  * hit_rate and pair_hit_rate (0..1), pcie_bytes_per_token, cpu_experts_per_token,
  * "layers": [{layer, hit_rate, pair_hit_rate, pcie_bytes_per_token,
  * cpu_experts_per_token, prefetch_hit_rate}], and with t the "time_s" split {moe,
- * gpu, copy_wait, cpu, host} and copies.  NULL when out of memory. */
+ * gpu, copy_wait, cpu, host}, copies, bytes_copied, cpu_experts, graph_steps and
+ * bytes_in_place.  NULL when out of memory. */
 struct cJSON *strata_ec_stats_json(const struct strata_expert_cache *ec,
                                    const struct strata_ec_times *t);
 /* Print per-layer hit rate, bytes over PCIe per token and CPU experts per

@@ -55,6 +55,7 @@ struct phase {
     double tok_s, hit, pair_hit, miss_mb, pcie_mb, cpu_exp, cpu_mb, floor_ms, ms,
         run_pcie_ms, run_cpu_ms, cpu_rate;
     double moe_ms, sync_ms, wait_ms, pf_per_tok, pf_used; /* per token; prefetch use % */
+    double graph_pct, in_place_mb; /* steps seen as graphs (%), their bytes read in place */
 };
 
 /* kB of a "Name:   N kB" line of /proc/self/status; -1 when absent */
@@ -118,6 +119,8 @@ static void phase_stats(struct strata_engine *e, const double *rec, int n, doubl
     ph->wait_ms = tm.copy_wait_s / n * 1e3;
     ph->pf_per_tok = pf / (double)n;
     ph->pf_used = pf ? 100.0 * pfu / pf : 0;
+    ph->graph_pct = 100.0 * (double)tm.graph_steps / n;
+    ph->in_place_mb = tm.graph_steps ? (double)tm.bytes_in_place / tm.graph_steps / 1e6 : 0;
 }
 
 static void print_phase(const char *name, const struct phase *p)
@@ -131,8 +134,9 @@ static void print_phase(const char *name, const struct phase *p)
            fl > 0 ? 1e3 / fl : 0);
     printf("          time per token: routed experts %.3f ms (waiting for the forward pass "
            "%.3f, GPU waiting for copies %.3f, CPU experts %.3f) | prefetch %.2f experts/token, "
-           "%.0f%% used\n", p->moe_ms, p->sync_ms, p->wait_ms, p->run_cpu_ms, p->pf_per_tok,
-           p->pf_used);
+           "%.0f%% used | graph steps %.0f%% (%.2f MB read in place each)\n", p->moe_ms,
+           p->sync_ms, p->wait_ms, p->run_cpu_ms, p->pf_per_tok, p->pf_used, p->graph_pct,
+           p->in_place_mb);
 }
 
 int main(int argc, char **argv)
