@@ -188,7 +188,7 @@ struct strata_gpu_ec {
     double frac_decode;
     /* admission of demand misses: admit0 (the cache's own rule) for mat-vec batches
      * and for prefill chunks of at most n_slots assignments; larger chunks admit none
-     * (and their hottest experts enter by a re-balance at the chunk's end): such a
+     * (and their hottest experts enter by the next mat-vec batch's re-balance): such a
      * chunk demands more experts than there are slots, and admitting them evicted the
      * slots the next layers hit (25% of the experts in VRAM: 5% of a 2,048-token
      * chunk's experts hit).  STRATA_EC_PREFILL_ADMIT=1 admits in every chunk, =0 in
