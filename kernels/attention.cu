@@ -266,32 +266,27 @@ attn_kernel(struct strata_k_attn_args a)
         /* the finished rows as 8-bit blocks of 32 (hd % 32 == 0: a block never spans two
          * heads), with strata_k_quantize_q8's formula: the same bytes */
         __syncthreads();
-        /* each thread its DPT values; the 32 / DPT threads of a block's values share its
-         * maximum by shuffles, every lane taking part (the 8 threads of a row are 8
-         * aligned lanes; rows that are not final store nothing) */
-        const float *v = &qs[r][d0];
-        float amax = 0.0f;
-#pragma unroll
-        for (int j = 0; j < DPT; j++)
-            amax = fmaxf(amax, fabsf(v[j]));
-        for (int m = 1; m < 32 / DPT; m <<= 1)
-            amax = fmaxf(amax, STRATA_SHFL_XOR(amax, m));
-        const float d = amax / 127.0f;
         if (fin) {
             uint8_t *yq = (uint8_t *)a.out_q8 + (int64_t)t * a.out_q8_row;
-            const int64_t nq = (int64_t)a.n_head * hd, i0 = (int64_t)h * hd + d0;
+            const int64_t nq = (int64_t)a.n_head * hd;
+            for (int b = c8; b < hd / 32; b += 8) {
+                const float *v = &qs[r][32 * b];
+                float amax = 0.0f;
+                for (int j = 0; j < 32; j++)
+                    amax = fmaxf(amax, fabsf(v[j]));
+                float d = amax / 127.0f;
+                const int64_t i0 = (int64_t)h * hd + 32 * b;
+                for (int j = 0; j < 32; j += 4) {
+                    uint32_t pk = 0;
 #pragma unroll
-            for (int j = 0; j < DPT; j += 4) {
-                uint32_t pk = 0;
-#pragma unroll
-                for (int jj = 0; jj < 4; jj++)
-                    pk |= (uint32_t)(uint8_t)(int8_t)(d > 0.0f ? __float2int_rn(v[j + jj] / d)
-                                                               : 0)
-                          << (8 * jj);
-                *(uint32_t *)(yq + i0 + j) = pk;
-            }
-            if (d0 % 32 == 0)
+                    for (int jj = 0; jj < 4; jj++)
+                        pk |= (uint32_t)(uint8_t)(int8_t)(d > 0.0f ? __float2int_rn(v[j + jj] / d)
+                                                                   : 0)
+                              << (8 * jj);
+                    *(uint32_t *)(yq + i0 + j) = pk;
+                }
                 ((float *)(yq + nq))[i0 / 32] = d;
+            }
         }
     }
 }
