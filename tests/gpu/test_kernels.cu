@@ -430,43 +430,37 @@ static void test_matvec_q8(uint32_t type, int64_t ne0, int64_t ne1, int n_exp, i
                 tab[3 * e + part] = dp;
             }
         void *dtab = kt_up(tab, sizeof(void *) * 3 * (size_t)n_exp);
-        if (with_add)
-            KT_CUDA(cudaMemcpy(dy, add, sizeof(float) * ne1 * n_slot, cudaMemcpyHostToDevice));
-        else
-            kt_poison(dy, sizeof(float) * ne1 * n_slot);
-        kt_poison(dyq, yrb * n_slot);
-        a.etab = (const void *const *)dtab;
-        int rt = strata_k_matvec_q8(&ctx, &a, &err);
-        a.etab = NULL;
-        KT_CUDA(cudaDeviceSynchronize());
         float *got2 = (float *)malloc(sizeof(float) * ne1 * n_slot);
         uint8_t *gq2 = (uint8_t *)malloc(yrb * n_slot);
-        kt_down(got2, dy, sizeof(float) * ne1 * n_slot);
-        kt_down(gq2, dyq, yrb * n_slot);
-        int same = !rt && memcmp(got, got2, sizeof(float) * ne1 * n_slot) == 0 &&
+        int rt = 0;
+        /* the launch again through a table (per expert, or per slot): the same bits? */
+        auto again = [&](void *table, int by_slot) {
+            if (with_add)
+                KT_CUDA(cudaMemcpy(dy, add, sizeof(float) * ne1 * n_slot,
+                                   cudaMemcpyHostToDevice));
+            else
+                kt_poison(dy, sizeof(float) * ne1 * n_slot);
+            kt_poison(dyq, yrb * n_slot);
+            a.etab = (const void *const *)table;
+            a.etab_slot = by_slot;
+            if (!rt)
+                rt = strata_k_matvec_q8(&ctx, &a, &err);
+            a.etab = NULL;
+            a.etab_slot = 0;
+            KT_CUDA(cudaDeviceSynchronize());
+            kt_down(got2, dy, sizeof(float) * ne1 * n_slot);
+            kt_down(gq2, dyq, yrb * n_slot);
+            return !rt && memcmp(got, got2, sizeof(float) * ne1 * n_slot) == 0 &&
                    (!q8_out || memcmp(gq, gq2, yrb * n_slot) == 0);
+        };
+        int same = again(dtab, 0);
         /* and through pointers resolved per slot (etab_slot) */
         const void **stab = (const void **)calloc(3 * (size_t)n_sl, sizeof(void *));
         for (int i = 0; i < n_sl; i++)
             for (int part = 0; part < 3; part++)
                 stab[3 * i + part] = tab[3 * (size_t)ids[i] + part];
         void *dstab = kt_up(stab, sizeof(void *) * 3 * (size_t)n_sl);
-        if (with_add)
-            KT_CUDA(cudaMemcpy(dy, add, sizeof(float) * ne1 * n_slot, cudaMemcpyHostToDevice));
-        else
-            kt_poison(dy, sizeof(float) * ne1 * n_slot);
-        kt_poison(dyq, yrb * n_slot);
-        a.etab = (const void *const *)dstab;
-        a.etab_slot = 1;
-        if (!rt)
-            rt = strata_k_matvec_q8(&ctx, &a, &err);
-        a.etab = NULL;
-        a.etab_slot = 0;
-        KT_CUDA(cudaDeviceSynchronize());
-        kt_down(got2, dy, sizeof(float) * ne1 * n_slot);
-        kt_down(gq2, dyq, yrb * n_slot);
-        int same_slot = !rt && memcmp(got, got2, sizeof(float) * ne1 * n_slot) == 0 &&
-                        (!q8_out || memcmp(gq, gq2, yrb * n_slot) == 0);
+        int same_slot = again(dstab, 1);
         ok(same_slot, "matvec_q8 mode %d %s through pointers resolved per slot: %s%s", mode,
            strata_ggml_type_name(type), same_slot ? "the stacks' bits" : "other results",
            rt ? err.msg : "");

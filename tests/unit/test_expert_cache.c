@@ -437,6 +437,21 @@ static void test_adapt_and_prefetch(void)
  * miss fills (SCORE: its one token beats the victims' empty counts), streams
  * (SEEN: nothing before this batch; the second miss fills) or streams every
  * time (NONE) until a re-balance swaps it in. */
+/* One token routed to expert x of layer 0: where the lookup put it (-1 on error); a
+ * fill is done at once. */
+static int route_one(struct strata_expert_cache *ec, int32_t x)
+{
+    struct strata_err err = {0};
+    struct strata_ec_plan p;
+    if (strata_ec_lookup(ec, 0, 1, &x, &p, &err))
+        return -1;
+    int where = p.items[0].where;
+    if (where == STRATA_EC_FILL)
+        strata_ec_fill_done(ec, p.items[0].slot, &err);
+    strata_ec_release(ec, &p);
+    return where;
+}
+
 static void test_admit(void)
 {
     struct strata_err err = {0};
@@ -457,16 +472,9 @@ static void test_admit(void)
         int32_t x = 0;
         while (strata_ec_slot_of(ec, 0, x, NULL) >= 0)
             x++;
-        int where[3] = {-1, -1, -1};
-        for (int t = 0; t < 3; t++) {
-            struct strata_ec_plan p;
-            if (strata_ec_lookup(ec, 0, 1, &x, &p, &err))
-                break;
-            where[t] = p.items[0].where;
-            if (where[t] == STRATA_EC_FILL)
-                strata_ec_fill_done(ec, p.items[0].slot, &err);
-            strata_ec_release(ec, &p);
-        }
+        int where[3];
+        for (int t = 0; t < 3; t++)
+            where[t] = route_one(ec, x);
         if (rules[r] == STRATA_EC_ADMIT_SCORE)
             ok(where[0] == STRATA_EC_FILL && where[1] == STRATA_EC_HIT,
                "admit score: the first miss fills (%d, then %d)", where[0], where[1]);
@@ -491,15 +499,10 @@ static void test_admit(void)
             int32_t y = 0;
             while (strata_ec_slot_of(ec, 0, y, NULL) >= 0)
                 y++;
-            int w2[2] = {-1, -1};
+            int w2[2];
             for (int t = 0; t < 2; t++) {
                 strata_ec_set_admit(ec, t == 0 ? STRATA_EC_ADMIT_NONE : STRATA_EC_ADMIT_SCORE);
-                if (strata_ec_lookup(ec, 0, 1, &y, &p, &err))
-                    break;
-                w2[t] = p.items[0].where;
-                if (w2[t] == STRATA_EC_FILL)
-                    strata_ec_fill_done(ec, p.items[0].slot, &err);
-                strata_ec_release(ec, &p);
+                w2[t] = route_one(ec, y);
             }
             strata_ec_set_admit(ec, 7); /* ignored */
             ok(w2[0] == STRATA_EC_STREAM && w2[1] == STRATA_EC_FILL &&
