@@ -452,6 +452,15 @@ static int route_one(struct strata_expert_cache *ec, int32_t x)
     return where;
 }
 
+/* The first expert of layer 0 in no slot. */
+static int32_t first_absent(const struct strata_expert_cache *ec)
+{
+    int32_t x = 0;
+    while (strata_ec_slot_of(ec, 0, x, NULL) >= 0)
+        x++;
+    return x;
+}
+
 static void test_admit(void)
 {
     struct strata_err err = {0};
@@ -469,9 +478,7 @@ static void test_admit(void)
         int n = strata_ec_initial_fill(ec, 2, il, ie, sl);
         for (int i = 0; i < n; i++)
             strata_ec_fill_done(ec, sl[i], &err);
-        int32_t x = 0;
-        while (strata_ec_slot_of(ec, 0, x, NULL) >= 0)
-            x++;
+        const int32_t x = first_absent(ec);
         int where[3];
         for (int t = 0; t < 3; t++)
             where[t] = route_one(ec, x);
@@ -496,9 +503,7 @@ static void test_admit(void)
             /* switched at run time: score admits a miss again, none streams it again */
             for (int i = 0; i < nr; i++)
                 strata_ec_fill_done(ec, sl[i], &err);
-            int32_t y = 0;
-            while (strata_ec_slot_of(ec, 0, y, NULL) >= 0)
-                y++;
+            const int32_t y = first_absent(ec);
             int w2[2];
             for (int t = 0; t < 2; t++) {
                 strata_ec_set_admit(ec, t == 0 ? STRATA_EC_ADMIT_NONE : STRATA_EC_ADMIT_SCORE);
