@@ -239,6 +239,11 @@ struct strata_gpu_ec {
     } gfill[GFILL_RING];
     int gfill_head, gfill_count;
     int32_t *gslots;                     /* [L * K + 64] one step's fills */
+    /* slot_epoch counts the events that can change what a slot holds or whether it is
+     * RESIDENT (a copy into it, a finished fill); the table is rebuilt only when it
+     * moved since tab_epoch */
+    uint64_t slot_epoch, tab_epoch;
+    int tab_built;
     uint64_t zc_bytes, graph_steps;
     /* statistics */
     double t_fwd_sync, t_cpu, t_copy_wait, t_moe;
@@ -444,6 +449,7 @@ static int copy_expert(struct strata_gpu_ec *gx, int il, int ie, int b, struct s
     gx->bytes_copied += len[0] + len[1] + len[2];
     gx->n_copies++;
     gx->unwaited++;
+    gx->slot_epoch++;
     return rc;
 }
 
@@ -469,6 +475,7 @@ static int poll_fills(struct strata_gpu_ec *gx, int wait, struct strata_err *err
     int rc = call(gx, e, "expert copies (asynchronous error)", err);
     for (int i = 0; i < gx->n_pending && !rc; i++)
         rc = strata_ec_fill_done(gx->ec, gx->pending[i], err);
+    gx->slot_epoch++;
     gx->n_pending = 0;
     return rc;
 }
@@ -816,6 +823,10 @@ static int graph_table(struct strata_gpu_ec *gx, struct strata_err *err)
 {
     const size_t nt = (size_t)gx->L * gx->X * 3, bytes = nt * sizeof(void *);
     const size_t off[3] = {0, gx->off_up, gx->off_down};
+    if (gx->tab_built && gx->tab_epoch == gx->slot_epoch)
+        return 0;
+    gx->tab_built = 1;
+    gx->tab_epoch = gx->slot_epoch;
     memcpy(gx->tab_new, gx->tab_host, bytes);
     for (int sl = 0; sl < gx->n_slots; sl++) {
         int il, ie, state, pins;
@@ -840,19 +851,20 @@ static int gfill_poll(struct strata_gpu_ec *gx, int wait, struct strata_err *err
 {
     int rc = 0;
     while (gx->gfill_count && !rc) {
-        struct strata_gpu_ec *g = gx;
-        const int h = g->gfill_head;
-        cudaError_t e = wait ? cudaEventSynchronize(g->gfill[h].ev) : cudaEventQuery(g->gfill[h].ev);
+        const int h = gx->gfill_head;
+        cudaError_t e =
+            wait ? cudaEventSynchronize(gx->gfill[h].ev) : cudaEventQuery(gx->gfill[h].ev);
         if (e == cudaErrorNotReady) {
             (void)cudaGetLastError();
             break;
         }
         rc = call(gx, e, "expert copies (asynchronous error)", err);
-        for (int i = 0; i < g->gfill[h].n && !rc; i++)
-            rc = strata_ec_fill_done(gx->ec, g->gfill[h].slots[i], err);
-        g->gfill[h].n = 0;
-        g->gfill_head = (h + 1) % GFILL_RING;
-        g->gfill_count--;
+        for (int i = 0; i < gx->gfill[h].n && !rc; i++)
+            rc = strata_ec_fill_done(gx->ec, gx->gfill[h].slots[i], err);
+        gx->slot_epoch++;
+        gx->gfill[h].n = 0;
+        gx->gfill_head = (h + 1) % GFILL_RING;
+        gx->gfill_count--;
         wait = 0;
     }
     return rc;

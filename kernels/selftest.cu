@@ -533,6 +533,19 @@ static void st_route_ref(const float *lg, int n_tok, int n_expert, int k, int32_
     }
 }
 
+/* strata_k_rms_norm of dx (rows of n) with dw on the device, eps 1e-6, into got (host). */
+static void st_rms_norm_dev(struct st *s, const float *dx, const float *dw, int n, int rows,
+                            float *got)
+{
+    float *dy = (float *)st_dev(s, sizeof(float) * n * rows);
+    if (!s->rc) {
+        struct strata_err err = {0, ""};
+        int rc = strata_k_rms_norm(&s->ctx, dx, dw, dy, n, rows, 1e-6f, &err);
+        st_launched(s, "rms_norm", rc, &err, dy, sizeof(float) * n * rows);
+    }
+    st_down(s, got, dy, sizeof(float) * n * rows);
+}
+
 static int c_rms_norm(int dev, int arg, char *shapes, size_t sc, char *msg, size_t mc)
 {
     (void)arg;
@@ -551,13 +564,7 @@ static int c_rms_norm(int dev, int arg, char *shapes, size_t sc, char *msg, size
     st_rms_norm_ref(x, w, n, rows, ref);
     float *dx = (float *)st_up(&s, x, sizeof(float) * n * rows);
     float *dw = (float *)st_up(&s, w, sizeof(float) * n);
-    float *dy = (float *)st_dev(&s, sizeof(float) * n * rows);
-    if (!s.rc) {
-        struct strata_err err = {0, ""};
-        int rc = strata_k_rms_norm(&s.ctx, dx, dw, dy, n, rows, 1e-6f, &err);
-        st_launched(&s, "rms_norm", rc, &err, dy, sizeof(float) * n * rows);
-    }
-    st_down(&s, got, dy, sizeof(float) * n * rows);
+    st_rms_norm_dev(&s, dx, dw, n, rows, got);
     st_compare(&s, "rms_norm", got, ref, (size_t)n * rows, 1e-6, 1e-5);
     return st_end(&s);
 }
@@ -632,13 +639,7 @@ static int c_quantize_q8(int dev, int arg, char *shapes, size_t sc, char *msg, s
     /* the normed rows bitwise those of rms_norm (the header's contract: a decode and a
      * verify window may normalise a row with either kernel, or the fused epilogue) */
     float *rn = (float *)st_host(&s, sizeof(float) * n * rows);
-    float *drn = (float *)st_dev(&s, sizeof(float) * n * rows);
-    if (!s.rc) {
-        struct strata_err err = {0, ""};
-        int rc = strata_k_rms_norm(&s.ctx, dx, dw, drn, n, rows, 1e-6f, &err);
-        st_launched(&s, "rms_norm", rc, &err, drn, sizeof(float) * n * rows);
-    }
-    st_down(&s, rn, drn, sizeof(float) * n * rows);
+    st_rms_norm_dev(&s, dx, dw, n, rows, rn);
     for (int i = 0; i < n * rows && !s.rc; i++)
         if (memcmp(&got[i], &rn[i], sizeof(float)) != 0)
             st_fail(&s, STRATA_SELFTEST_WRONG,
