@@ -6,289 +6,19 @@
  * values stream through shared memory 32 positions at a time with an online softmax
  * (Milakov & Gimelshein 2018; FlashAttention, Dao et al. 2022).  Eight threads own a
  * row: each scores 4 keys of a tile and accumulates hd / 8 output dimensions. */
-#include "kernels.h"
+#include "attention.cuh"
 
 #include <math.h>
-
-#define ATT_ROWS 32
-#define ATT_KEYS 32
-#define ATT_HD 128
-#define ATT_THREADS (ATT_ROWS * 8)
-#define ATT_MIN_SPLIT_KEYS 128 /* fewer keys than this per split do not pay for a split */
-
-/* The split-K layout of a query row is a function of its own kv length kv_end (its
- * position + 1), never of the batch it came in: the splits it uses, and split z covers
- * kv positions [z * w, min(kv_end, (z + 1) * w)) with w = split_width.  A one-token
- * decode and the same position inside a verify window so sum the same keys in the
- * same tiles in the same order, bitwise. */
-static __device__ __forceinline__ int splits_used(int kv_end, int n_split, int split_keys)
-{
-    const int mk = split_keys > 0 ? split_keys : ATT_MIN_SPLIT_KEYS;
-    int s = (kv_end + mk - 1) / mk;
-    return s < 1 ? 1 : s > n_split ? n_split : s;
-}
-
-/* Width of each split (a multiple of ATT_KEYS, so every split starts on a tile). */
-static __device__ __forceinline__ int split_width(int kv_end, int n_used)
-{
-    return ((kv_end + n_used - 1) / n_used + ATT_KEYS - 1) / ATT_KEYS * ATT_KEYS;
-}
-
-/* A value other blocks of the same launch wrote: read through L2 (NVIDIA ld.global.cg;
- * elsewhere a volatile read) */
-static __device__ __forceinline__ float att_ld(const float *p)
-{
-#ifdef STRATA_GPU_CUDA
-    return __ldcg(p);
-#else
-    return *(const volatile float *)p;
-#endif
-}
-
-/* Query values d .. d + 3 of the block's row ro (row ro of kv head g is token ro / n_gqa,
- * head g * n_gqa + ro % n_gqa), times a.scale; zeros past the last row. */
-static __device__ __forceinline__ float4 att_q4(const struct strata_k_attn_args &a, int ro,
-                                                int n_rows, int n_gqa, int g, int hd, int d)
-{
-    if (ro >= n_rows)
-        return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    int tt = ro / n_gqa, hh = g * n_gqa + ro % n_gqa;
-    float4 v = *(const float4 *)(a.q + tt * a.q_stride + (int64_t)hh * hd + d);
-    return make_float4(v.x * a.scale, v.y * a.scale, v.z * a.scale, v.w * a.scale);
-}
 
 /* DPT = hd / 8: the output dimensions a thread owns (contiguous, so that value rows
  * are read as half2 pairs). */
 template <int DPT>
-__global__ void __launch_bounds__(ATT_THREADS)
-attn_kernel(struct strata_k_attn_args a)
+__global__ void __launch_bounds__(ATT_THREADS) attn_kernel(struct strata_k_attn_args a)
 {
-    __shared__ __align__(16) float qs[ATT_ROWS][ATT_HD + 4];
-    __shared__ __align__(16) __half ks[ATT_KEYS][ATT_HD + 8];
-    __shared__ __align__(16) __half vs[ATT_KEYS][ATT_HD + 8];
-    __shared__ float ps[ATT_ROWS][ATT_KEYS + 1];
+    __shared__ struct att_smem sm;
     strata_pdl_wait();
     strata_pdl_trigger();
-
-    const int hd = 8 * DPT, n_gqa = a.n_head / a.n_head_kv, g = blockIdx.y;
-    const int n_rows = a.n_tok * n_gqa, row0 = blockIdx.x * ATT_ROWS;
-    const int tid = threadIdx.x, r = tid / 8, c8 = tid % 8;
-    const int p0 = *a.pos0;
-    const int row = row0 + r, valid = row < n_rows;
-    const int t = valid ? row / n_gqa : 0, h = g * n_gqa + (valid ? row % n_gqa : 0);
-    const int qpos = p0 + t;
-    /* the last query uses the most splits */
-    if ((int)blockIdx.z >= splits_used(p0 + a.n_tok, a.n_split, a.split_keys))
-        return;
-    /* this row's keys in split z: [r_lo, r_hi) (empty when it uses fewer splits); the
-     * block walks the tiles of the union of its rows' ranges and masks the others */
-    const int r_used = splits_used(qpos + 1, a.n_split, a.split_keys);
-    const int r_lo = blockIdx.z * split_width(qpos + 1, r_used);
-    const int r_hi = valid && (int)blockIdx.z < r_used
-                         ? min(qpos + 1, r_lo + split_width(qpos + 1, r_used))
-                         : r_lo;
-    __shared__ int blk_lo, blk_hi;
-    if (tid == 0) {
-        blk_lo = 0x7fffffff;
-        blk_hi = 0;
-    }
-    __syncthreads();
-    if (c8 == 0 && r_hi > r_lo) {
-        atomicMin(&blk_lo, r_lo);
-        atomicMax(&blk_hi, r_hi);
-    }
-    __syncthreads();
-    const int lo = blk_lo, hi = blk_hi;
-    const int64_t kv_row = (int64_t)a.n_head_kv * hd;
-
-    for (int i = tid; i < ATT_ROWS * (hd / 4); i += ATT_THREADS) {
-        int rr = i / (hd / 4), d = 4 * (i % (hd / 4));
-        *(float4 *)&qs[rr][d] = att_q4(a, row0 + rr, n_rows, n_gqa, g, hd, d);
-    }
-
-    float m = -INFINITY, l = 0.0f, o[DPT];
-#pragma unroll
-    for (int j = 0; j < DPT; j++)
-        o[j] = 0.0f;
-
-    for (int j0 = lo; j0 < hi; j0 += ATT_KEYS) {
-        __syncthreads();
-        for (int i = tid; i < ATT_KEYS * DPT; i += ATT_THREADS) {
-            int j = i / DPT, d = 8 * (i % DPT);
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-            if (j0 + j < hi) {
-                kv = *(const uint4 *)(a.k_cache + (j0 + j) * kv_row + (int64_t)g * hd + d);
-                vv = *(const uint4 *)(a.v_cache + (j0 + j) * kv_row + (int64_t)g * hd + d);
-            }
-            *(uint4 *)&ks[j][d] = kv;
-            *(uint4 *)&vs[j][d] = vv;
-        }
-        __syncthreads();
-        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, mt = -INFINITY;
-        /* each query value read once for the thread's 4 keys */
-#pragma unroll 4
-        for (int d = 0; d < hd; d += 4) {
-            float4 q4 = *(const float4 *)&qs[r][d];
-#pragma unroll
-            for (int jj = 0; jj < 4; jj++) {
-                int j = c8 + 8 * jj;
-                float2 k01 = __half22float2(*(const __half2 *)&ks[j][d]);
-                float2 k23 = __half22float2(*(const __half2 *)&ks[j][d + 2]);
-                s[jj] = fmaf(q4.x, k01.x, s[jj]);
-                s[jj] = fmaf(q4.y, k01.y, s[jj]);
-                s[jj] = fmaf(q4.z, k23.x, s[jj]);
-                s[jj] = fmaf(q4.w, k23.y, s[jj]);
-            }
-        }
-#pragma unroll
-        for (int jj = 0; jj < 4; jj++) {
-            int kp = j0 + c8 + 8 * jj;
-            s[jj] = (kp >= r_lo && kp < r_hi) ? s[jj] : -INFINITY;
-            mt = fmaxf(mt, s[jj]);
-        }
-        /* the 8 threads of a row are 8 aligned lanes of one warp/wavefront */
-        mt = fmaxf(mt, STRATA_SHFL_XOR(mt, 1));
-        mt = fmaxf(mt, STRATA_SHFL_XOR(mt, 2));
-        mt = fmaxf(mt, STRATA_SHFL_XOR(mt, 4));
-        float mn = fmaxf(m, mt);
-        float corr = mn == -INFINITY ? 1.0f : __expf(m - mn);
-        float psum = 0.0f;
-#pragma unroll
-        for (int jj = 0; jj < 4; jj++) {
-            float p = s[jj] == -INFINITY ? 0.0f : __expf(s[jj] - mn);
-            ps[r][c8 + 8 * jj] = p;
-            psum += p;
-        }
-        psum += STRATA_SHFL_XOR(psum, 1);
-        psum += STRATA_SHFL_XOR(psum, 2);
-        psum += STRATA_SHFL_XOR(psum, 4);
-        l = l * corr + psum;
-        m = mn;
-        __syncthreads();
-#pragma unroll
-        for (int jd = 0; jd < DPT; jd++)
-            o[jd] *= corr;
-        const int d0 = c8 * DPT;
-        for (int j = 0; j < ATT_KEYS; j++) {
-            float p = ps[r][j];
-            if (DPT % 2 == 0) {
-#pragma unroll
-                for (int jd = 0; jd < DPT; jd += 2) {
-                    float2 v2 = __half22float2(*(const __half2 *)&vs[j][d0 + jd]);
-                    o[jd] = fmaf(p, v2.x, o[jd]);
-                    o[jd + 1 < DPT ? jd + 1 : jd] =
-                        fmaf(p, v2.y, o[jd + 1 < DPT ? jd + 1 : jd]);
-                }
-            } else {
-#pragma unroll
-                for (int jd = 0; jd < DPT; jd++)
-                    o[jd] = fmaf(p, __half2float(vs[j][d0 + jd]), o[jd]);
-            }
-        }
-    }
-    /* qs is free from here on: it holds the finished rows for the 8-bit output */
-    __syncthreads();
-    const int64_t orow = (int64_t)t * a.n_head + h;
-    const int d0 = c8 * DPT;
-    int fin = 0; /* this row's result is final in this block (and stashed in qs[r]) */
-    if (valid && r_used == 1) {
-        if (blockIdx.z == 0) {
-            float inv = l > 0.0f ? 1.0f / l : 0.0f;
-#pragma unroll
-            for (int jd = 0; jd < DPT; jd++) {
-                float v = o[jd] * inv;
-                a.out[orow * hd + d0 + jd] = v;
-                qs[r][d0 + jd] = v;
-            }
-            fin = 1;
-        }
-    } else if (valid && (int)blockIdx.z < r_used) {
-        /* partial result of this split: [n_split][n_tok * n_head][hd + 2]; an empty one
-         * of the row's own splits is written too (m = -inf: the merge skips it) */
-        float *sp = a.scratch + ((int64_t)blockIdx.z * a.n_tok * a.n_head + orow) * (hd + 2);
-#pragma unroll
-        for (int jd = 0; jd < DPT; jd++)
-            sp[d0 + jd] = o[jd];
-        if (c8 == 0) {
-            sp[hd] = m;
-            sp[hd + 1] = l;
-        }
-    }
-    const int nz = splits_used(p0 + a.n_tok, a.n_split, a.split_keys); /* blocks of this tile that run */
-    if (a.counters && nz > 1) {
-        /* the last block of the tile to finish merges its split rows, in split order as
-         * attn_merge_kernel does (threadFenceReduction pattern) */
-        __shared__ int last;
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) {
-            int *cnt = a.counters + blockIdx.y * gridDim.x + blockIdx.x;
-            last = atomicAdd(cnt, 1) == nz - 1;
-            if (last)
-                *cnt = 0; /* every block of the tile has counted: ready for the next launch */
-        }
-        __syncthreads();
-        if (last && valid && r_used > 1) {
-            __threadfence();
-            const int64_t n_rows_out = (int64_t)a.n_tok * a.n_head;
-            float mx = -INFINITY, L = 0.0f, acc[DPT];
-            for (int z = 0; z < r_used; z++)
-                mx = fmaxf(mx, att_ld(a.scratch + ((int64_t)z * n_rows_out + orow) * (hd + 2) + hd));
-            for (int z = 0; z < r_used; z++) {
-                const float *sp = a.scratch + ((int64_t)z * n_rows_out + orow) * (hd + 2);
-                float sm = att_ld(sp + hd);
-                if (sm != -INFINITY)
-                    L += att_ld(sp + hd + 1) * __expf(sm - mx);
-            }
-#pragma unroll
-            for (int jd = 0; jd < DPT; jd++)
-                acc[jd] = 0.0f;
-            for (int z = 0; z < r_used; z++) {
-                const float *sp = a.scratch + ((int64_t)z * n_rows_out + orow) * (hd + 2);
-                float sm = att_ld(sp + hd);
-                if (sm != -INFINITY) {
-                    float f = __expf(sm - mx);
-#pragma unroll
-                    for (int jd = 0; jd < DPT; jd++)
-                        acc[jd] += att_ld(sp + d0 + jd) * f;
-                }
-            }
-#pragma unroll
-            for (int jd = 0; jd < DPT; jd++) {
-                float v = L > 0.0f ? acc[jd] / L : 0.0f;
-                a.out[orow * hd + d0 + jd] = v;
-                qs[r][d0 + jd] = v;
-            }
-            fin = 1;
-        }
-    }
-    if (a.out_q8) {
-        /* the finished rows as 8-bit blocks of 32 (hd % 32 == 0: a block never spans two
-         * heads), with strata_k_quantize_q8's formula: the same bytes */
-        __syncthreads();
-        if (fin) {
-            uint8_t *yq = (uint8_t *)a.out_q8 + (int64_t)t * a.out_q8_row;
-            const int64_t nq = (int64_t)a.n_head * hd;
-            for (int b = c8; b < hd / 32; b += 8) {
-                const float *v = &qs[r][32 * b];
-                float amax = 0.0f;
-                for (int j = 0; j < 32; j++)
-                    amax = fmaxf(amax, fabsf(v[j]));
-                float d = amax / 127.0f;
-                const int64_t i0 = (int64_t)h * hd + 32 * b;
-                for (int j = 0; j < 32; j += 4) {
-                    uint32_t pk = 0;
-#pragma unroll
-                    for (int jj = 0; jj < 4; jj++)
-                        pk |= (uint32_t)(uint8_t)(int8_t)(d > 0.0f ? __float2int_rn(v[j + jj] / d)
-                                                                   : 0)
-                              << (8 * jj);
-                    *(uint32_t *)(yq + i0 + j) = pk;
-                }
-                ((float *)(yq + nq))[i0 / 32] = d;
-            }
-        }
-    }
+    attn_tile<DPT>(a, blockIdx.x, blockIdx.y, blockIdx.z, gridDim.x, &sm);
 }
 
 /* Merge the splits of one output row (token orow / n_head) in split order. */
@@ -572,7 +302,8 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
                        struct strata_err *err)
 {
     if (a->n_tok <= 0 || a->n_head <= 0 || a->n_head_kv <= 0 || a->n_head % a->n_head_kv ||
-        a->hd <= 0 || a->hd > ATT_HD || a->hd % 8 || a->n_split < 1 || a->max_kv < a->n_tok ||
+        a->hd <= 0 || a->hd > ATT_HD || a->hd % 8 || a->n_split < 1 ||
+        a->n_split > ATT_MAX_SPLIT || a->max_kv < a->n_tok ||
         a->split_keys < 0 || a->split_keys % ATT_KEYS ||
         (a->n_split > 1 && !a->scratch) ||
         (a->out_q8 && (a->hd % 32 || (a->n_split > 1 && !a->counters) ||
@@ -581,6 +312,7 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
         return strata_k_err(err, STRATA_E_INVALID,
                             "attention: bad shape n_tok=%d n_head=%d n_head_kv=%d hd=%d "
                             "n_split=%d max_kv=%d out_q8_row=%lld (hd a multiple of 8, <= %d; "
+                            "n_split <= 32; "
                             "8-bit output: hd a multiple of 32, counters when split; split_keys a multiple "
                             "of 32)",
                             a->n_tok, a->n_head, a->n_head_kv, a->hd, a->n_split, a->max_kv,

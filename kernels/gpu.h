@@ -95,6 +95,7 @@
 #define cudaFuncGetAttributes hipFuncGetAttributes
 #define cudaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
+#define cudaOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 
 /* Full-wavefront shuffles: HIP's shuffles take no mask. */
 #define STRATA_SHFL_XOR(v, m) __shfl_xor((v), (m), warpSize)
@@ -244,6 +245,57 @@ static __device__ __forceinline__ void strata_prefetch_l2(const void *p)
 #endif
 }
 
+/* Loads that bypass the multiprocessor's L1 (NVIDIA ld.global.cg; a volatile read
+ * elsewhere): for data other blocks of the running kernel wrote, which a stale L1 line
+ * of this multiprocessor could otherwise shadow. */
+static __device__ __forceinline__ float strata_ldcg_f(const float *p)
+{
+#ifdef STRATA_GPU_CUDA
+    return __ldcg(p);
+#else
+    return *(const volatile float *)p;
+#endif
+}
+static __device__ __forceinline__ float4 strata_ldcg_f4(const float4 *p)
+{
+#ifdef STRATA_GPU_CUDA
+    return __ldcg(p);
+#else
+    const volatile float *v = (const volatile float *)p;
+    return make_float4(v[0], v[1], v[2], v[3]);
+#endif
+}
+static __device__ __forceinline__ uint4 strata_ldcg_u4(const uint4 *p)
+{
+#ifdef STRATA_GPU_CUDA
+    return __ldcg(p);
+#else
+    const volatile uint32_t *v = (const volatile uint32_t *)p;
+    return make_uint4(v[0], v[1], v[2], v[3]);
+#endif
+}
+/* Stop the kernel with an error the runtime reports to the host (a device-side
+ * watchdog: never a silent hang). */
+static __device__ __forceinline__ void strata_dev_trap(void)
+{
+#ifdef STRATA_GPU_CUDA
+    __trap();
+#else
+    __builtin_trap();
+#endif
+}
+/* A device clock for tracing: nanoseconds (NVIDIA %globaltimer), or core clock cycles
+ * elsewhere. */
+static __device__ __forceinline__ unsigned long long strata_dev_clock(void)
+{
+#ifdef STRATA_GPU_CUDA
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+#else
+    return (unsigned long long)clock64();
+#endif
+}
 static __device__ __forceinline__ float strata_h2f(uint16_t h)
 {
     __half_raw r;

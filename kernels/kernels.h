@@ -56,6 +56,30 @@ static inline void strata_k_launch(const struct strata_gpu_ctx *ctx, void (*k)(P
     k<<<grid, block, 0, ctx->stream>>>(args...);
 }
 
+/* Launch kernel k (a __global__ function's address) with its arguments' addresses in
+ * args as a cooperative launch: every block of the grid is resident at once, or the
+ * launch fails (what a grid-wide barrier needs).  Returns the runtime's error. */
+static inline cudaError_t strata_k_launch_coop(const struct strata_gpu_ctx *ctx, const void *k,
+                                               dim3 grid, dim3 block, void **args,
+                                               size_t smem)
+{
+#ifdef STRATA_GPU_CUDA
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeCooperative;
+    at[0].val.cooperative = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = ctx->stream;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelExC(&cfg, k, args);
+#else
+    return hipLaunchCooperativeKernel(k, grid, block, args, (unsigned)smem, ctx->stream);
+#endif
+}
+
 /* Fill info for device dev (runtime index after *_VISIBLE_DEVICES masking). */
 int strata_gpu_info_query(int dev, struct strata_gpu_info *info, struct strata_err *err);
 
@@ -370,5 +394,74 @@ int strata_k_argmax(struct strata_gpu_ctx *ctx, const float *logits, int n, int 
  * min_p and temperature on these on the host. */
 int strata_k_topk(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows, int k,
                   int32_t *ids, float *vals, struct strata_err *err);
+
+/* ---- the fused decode step (decode_step.cu) ----
+ * One token through every layer of a MoE model in one persistent kernel: the
+ * products, norms, RoPE, attention and routing of the separate decode kernels, run by
+ * the same device functions in the same order (so the step's hidden state is bitwise
+ * that of the separate launches), with a grid-wide barrier between the stages of a
+ * layer instead of a kernel boundary, and the next stage's weights asked into L2 while
+ * the current one runs.  The output norm and projection stay separate launches. */
+
+/* One 8-bit-activation product of the step, as strata_k_matvec_q8 would run it: type,
+ * rows ne1, 32-value units per row nu, lanes per row tpr (strata_k_mvq_tpr), and the
+ * rows a lane group takes at once R (1, 2 or 4; any R gives the same sums). */
+struct strata_k_step_mv {
+    const uint8_t *w, *u; /* u: GLU's up matrix */
+    size_t nb1, nb2;
+    uint32_t type;
+    int ne1, nu, tpr, R;
+};
+
+/* One layer of the step (device memory).  qa and aa are the layer's q/k norm, RoPE and
+ * attention arguments for a one-token batch, as the separate launches take them (their
+ * host pointer qa.rope is not read: the rope is strata_k_step_args.rope). */
+struct strata_k_step_layer {
+    const float *attn_norm, *ffn_norm;
+    const float *router; /* F32 [n_expert, n_embd] */
+    struct strata_k_step_mv qkv[3]; /* attn_qkv, or its pieces, into q at column qkv_col */
+    int qkv_col[3], n_qkv;
+    struct strata_k_step_mv wo, gate_up, down;
+    struct strata_k_qkv_args qa;
+    struct strata_k_attn_args aa;
+};
+
+struct strata_k_step_args {
+    const struct strata_k_step_layer *layers; /* [n_layer], device memory */
+    int n_layer, n_embd, n_q, n_expert, k, norm_topk, hd, n_ff_exp;
+    float eps, wscale;
+    struct strata_k_rope rope;
+    float *x;            /* [n_embd] the hidden state, in and out */
+    float *logits;       /* [n_expert] router logits scratch */
+    int32_t *eids;       /* [k] the last layer's routing, out */
+    float *ew;           /* [k] */
+    void *attq;          /* q8 row of n_q: the attention output */
+    void *actq;          /* [k] q8 rows of n_ff_exp: the experts' SwiGLU output */
+    unsigned long long *bar; /* one counter of device memory, zero before the first launch */
+    /* optional (NULL: off): [n_layer * 14 + 1] device clock readings (strata_dev_clock)
+     * of block 0: the start, then for each stage when its own work was done and when the
+     * stage's barrier was passed (a per-stage profile) */
+    unsigned long long *trace;
+    int dry;         /* 1: barriers only, no work (what the barriers cost) */
+};
+
+/* Lanes per row of an 8-bit-activation product of nu units per row and k experts
+ * summed per row: strata_k_matvec_q8's choice, which fixes the sums' order. */
+int strata_k_mvq_tpr(int nu, int k);
+
+/* 1 if the step kernel can run this model's shapes (head dim 32, 64 or 128, n_embd and
+ * n_ff_exp multiples of 32, n_expert <= 1024, k <= 32). */
+int strata_k_decode_step_supported(int n_embd, int hd, int n_ff_exp, int n_expert, int k);
+
+/* Blocks of a step launch on this device (co-resident: the barriers need every block
+ * running), blocks_per_sm of them per multiprocessor at most (0: as many as fit).
+ * Returns 0 on failure. */
+int strata_k_decode_step_blocks(const struct strata_gpu_ctx *ctx,
+                                const struct strata_k_step_args *a, int blocks_per_sm);
+
+/* Launch the step on ctx's stream with n_blocks blocks (strata_k_decode_step_blocks)
+ * as a cooperative launch.  Errors: STRATA_E_INVALID (shapes), STRATA_E_GPU (launch). */
+int strata_k_decode_step(struct strata_gpu_ctx *ctx, const struct strata_k_step_args *a,
+                         int n_blocks, struct strata_err *err);
 
 #endif

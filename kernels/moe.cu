@@ -1,67 +1,8 @@
 /* moe.cu - MoE routing (softmax, top-k), the per-expert plan of a batch, and the
  * weighted combine of the expert outputs. */
-#include "kernels.h"
+#include "moe.cuh"
 
 #include <math.h>
-
-#define ROUTE_MAX_EXPERT 1024
-#define ROUTE_WARPS (STRATA_GPU_BLOCK / 32) /* the most warps a block can hold */
-
-/* The routing of one token by one warp: p (shared memory) holds its n_expert logits;
- * the softmax and k rounds of a warp argmax, shuffles only; ids [k] and w [k] out. */
-static __device__ void route_warp(float *p, int n_expert, int k, int norm, float scale,
-                                  int32_t *__restrict__ ids, float *__restrict__ w)
-{
-    int lane = threadIdx.x % warpSize;
-    float mx = -INFINITY;
-    for (int e = lane; e < n_expert; e += warpSize) {
-        /* a NaN logit (a model whose activations overflowed) is never chosen, and a row
-         * of them still yields valid expert ids: the experts' kernels index with them */
-        if (p[e] != p[e])
-            p[e] = -INFINITY;
-        mx = fmaxf(mx, p[e]);
-    }
-    mx = strata_warp_max(mx);
-    if (mx == -INFINITY)
-        mx = 0.0f;
-    float s = 0.0f;
-    for (int e = lane; e < n_expert; e += warpSize) {
-        p[e] = expf(p[e] - mx);
-        s += p[e];
-    }
-    s = strata_warp_sum(s);
-    /* lane j keeps the j-th choice (k <= 32 <= warpSize) */
-    float sel = 0.0f, wmine = 0.0f;
-    int imine = 0;
-    for (int j = 0; j < k; j++) {
-        float bv = -1.0f;
-        int bi = 0x7fffffff;
-        for (int e = lane; e < n_expert; e += warpSize)
-            if (p[e] > bv) {
-                bv = p[e];
-                bi = e;
-            }
-        for (int m = warpSize / 2; m > 0; m >>= 1) {
-            float ov = STRATA_SHFL_XOR(bv, m);
-            int oi = STRATA_SHFL_XOR(bi, m);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        if (bi < n_expert && lane == bi % warpSize)
-            p[bi] = -2.0f;
-        if (lane == j) {
-            wmine = bv / s;
-            imine = bi;
-        }
-        sel += bv / s;
-    }
-    if (lane < k) {
-        ids[lane] = imine;
-        w[lane] = (norm ? wmine / sel : wmine) * scale;
-    }
-}
 
 /* One warp per token. */
 __global__ void moe_route_kernel(const float *__restrict__ logits, int n_tok, int n_expert, int k,

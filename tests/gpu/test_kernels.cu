@@ -1304,6 +1304,7 @@ static void test_ops(void)
     /* splits of at least 32 keys (the backend's default): short contexts split too */
     test_attention(1, 40, 32, 4, 128, 32, 32);
     test_attention(1, 100, 32, 4, 128, 32, 32);
+    test_attention(1, 1000, 32, 4, 128, 32, 32); /* every one of 32 splits merged */
     test_attention(17, 50, 32, 4, 128, 32, 32);
     test_attention(3, 517, 12, 3, 96, 9, 64);
     /* prefill on the matrix units: GQA 8, 4 and 1, a first chunk and later chunks, rows

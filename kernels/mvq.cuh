@@ -1,0 +1,235 @@
+/* mvq.cuh - the pieces of the 8-bit-activation mat-vec products (matvec_q8.cu) that
+ * the fused decode step (decode_step.cu) runs too: the RMSNorm + q8 quantisation of a
+ * row and the per-type dot products of a 32-value unit.  Both kernels use these same
+ * functions in the same order, so a row's result is the same bits in either. */
+#ifndef STRATA_KERNELS_MVQ_CUH
+#define STRATA_KERNELS_MVQ_CUH
+
+#include "dequant.cuh"
+
+/* Quantise v (one value per lane, lanes of a 32-aligned group hold one q8 block):
+ * every lane gets its quant, and *d the block's scale. */
+static __device__ __forceinline__ int q8_quant(float v, float *d)
+{
+    float amax = fabsf(v);
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1)
+        amax = fmaxf(amax, STRATA_SHFL_XOR(amax, m));
+    *d = amax / 127.0f;
+    return *d > 0.0f ? __float2int_rn(v / *d) : 0;
+}
+
+/* x[i]; VOL: for rows other blocks of the same launch wrote, a read that bypasses the
+ * multiprocessor's L1 (strata_ldcg_f) */
+template <bool VOL> static __device__ __forceinline__ float ldx(const float *x, int i)
+{
+    return VOL ? strata_ldcg_f(x + i) : x[i];
+}
+
+/* One row by the whole block: v = norm ? x * rsqrt(mean(x^2) + eps) * w : x, written
+ * as float32 to y (if not NULL) and as a q8 row to yq.  n % 32 == 0, blockDim.x % 32 ==
+ * 0.  Eight lanes own a 32-value block (four values each), so that the scale needs only
+ * three shuffles; loops run warp-uniformly (every lane of a warp reaches every
+ * shuffle).  STAGED (y in shared memory, norm on): the first pass keeps x in y, so that
+ * the second reads it there instead of from global memory again; the same values. */
+template <bool VOL, bool STAGED = false>
+static __device__ void norm_q8_row(const float *x, int n, int norm, const float *w, float eps,
+                                   float *y, uint8_t *yq, float *scratch)
+{
+    float sc = 1.0f;
+    if (norm) {
+        float s = 0.0f;
+        /* eight loads in flight: a 2,048-value row in one round trip (the sum's order is
+         * the loop's either way) */
+#pragma unroll 8
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            float v = ldx<VOL>(x, i);
+            if (STAGED)
+                y[i] = v;
+            s = fmaf(v, v, s);
+        }
+        s = strata_block_sum(s, scratch);
+        sc = rsqrtf(s / (float)n + eps);
+    }
+    const int nb = n / 32, gl = threadIdx.x % 8, ng = blockDim.x / 8;
+    const int wb = (int)(threadIdx.x % 32) / 8; /* this group's place in its warp */
+    for (int b = threadIdx.x / 8; b - wb < nb; b += ng) {
+        const int act = b < nb, i0 = 32 * b + 4 * gl;
+        float v[4];
+        float amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float xv = !act ? 0.0f : STAGED && norm ? y[i0 + j] : ldx<VOL>(x, i0 + j);
+            v[j] = norm ? xv * sc * (w ? w[act ? i0 + j : 0] : 1.0f) : xv;
+            amax = fmaxf(amax, fabsf(v[j]));
+        }
+        amax = fmaxf(amax, STRATA_SHFL_XOR(amax, 1));
+        amax = fmaxf(amax, STRATA_SHFL_XOR(amax, 2));
+        amax = fmaxf(amax, STRATA_SHFL_XOR(amax, 4));
+        float d = amax / 127.0f;
+        if (act) {
+            if (y)
+                *(float4 *)(y + i0) = make_float4(v[0], v[1], v[2], v[3]);
+            uint32_t pk = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                pk |= (uint32_t)(uint8_t)(int8_t)(d > 0.0f ? __float2int_rn(v[j] / d) : 0)
+                      << (8 * j);
+            *(uint32_t *)(yq + i0) = pk;
+            if (gl == 0)
+                ((float *)(yq + n))[b] = d;
+        }
+    }
+}
+
+/* ---- per-type dot products of one 32-value unit ----
+ * dot(row, u, xq, xd): the sum over values 32u .. 32u + 31 of a row's quantised
+ * weights times the q8 activations (xq: the row's int8 quants, xd: its block scales). */
+
+/* 4 bytes at a 2-byte aligned address, from aligned words (a funnel shift). */
+static __device__ __forceinline__ uint32_t ld4_a2(const uint8_t *p)
+{
+    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+    uint32_t sh = ((uintptr_t)p & 2) * 8;
+    return (uint32_t)((((uint64_t)a[1] << 32) | a[0]) >> sh);
+}
+
+/* Per-byte q - 32 for bytes q in 0..63, as signed bytes (no borrow across bytes). */
+static __device__ __forceinline__ int sub32(uint32_t q)
+{
+    return (int)(((q | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
+}
+
+template <int T> struct mvq;
+
+template <> struct mvq<KT_Q4_K> {
+    /* unit u: super-block u / 8, 64-value group g, half h: 16 low nibbles (sub-block
+     * 2g) and 16 high nibbles (sub-block 2g + 1) of one 16-byte load */
+    static __device__ __forceinline__ float dot(const uint8_t *row, int u, const int8_t *xq,
+                                                const float *xd)
+    {
+        const uint8_t *b = row + (u >> 3) * 144;
+        int g = (u >> 1) & 3, h = u & 1;
+        uint4 q = *(const uint4 *)(b + 16 + 32 * g + 16 * h);
+        const int8_t *xb = xq + (u >> 3) * 256 + 64 * g + 16 * h;
+        int4 xl = *(const int4 *)xb, xh = *(const int4 *)(xb + 32);
+        __half2 dm = *(const __half2 *)b;
+        int sc0, m0, sc1, m1;
+        scale_min_k4(2 * g, b + 4, &sc0, &m0);
+        scale_min_k4(2 * g + 1, b + 4, &sc1, &m1);
+        const int k4 = 0x0F0F0F0F, one = 0x01010101;
+        int dl = 0, dh = 0, sl = 0, sh = 0;
+        dl = strata_dp4a((int)(q.x & k4), xl.x, dl);
+        dl = strata_dp4a((int)(q.y & k4), xl.y, dl);
+        dl = strata_dp4a((int)(q.z & k4), xl.z, dl);
+        dl = strata_dp4a((int)(q.w & k4), xl.w, dl);
+        dh = strata_dp4a((int)((q.x >> 4) & k4), xh.x, dh);
+        dh = strata_dp4a((int)((q.y >> 4) & k4), xh.y, dh);
+        dh = strata_dp4a((int)((q.z >> 4) & k4), xh.z, dh);
+        dh = strata_dp4a((int)((q.w >> 4) & k4), xh.w, dh);
+        sl = strata_dp4a(one, xl.x, sl);
+        sl = strata_dp4a(one, xl.y, sl);
+        sl = strata_dp4a(one, xl.z, sl);
+        sl = strata_dp4a(one, xl.w, sl);
+        sh = strata_dp4a(one, xh.x, sh);
+        sh = strata_dp4a(one, xh.y, sh);
+        sh = strata_dp4a(one, xh.z, sh);
+        sh = strata_dp4a(one, xh.w, sh);
+        float2 d = __half22float2(dm);
+        int bi = (u >> 3) * 8 + 2 * g;
+        float d0 = xd[bi], d1 = xd[bi + 1];
+        return d.x * (d0 * (float)(sc0 * dl) + d1 * (float)(sc1 * dh)) -
+               d.y * (d0 * (float)(m0 * sl) + d1 * (float)(m1 * sh));
+    }
+};
+
+template <> struct mvq<KT_Q5_K> {
+    /* as Q4_K, with the fifth bits of the 16 low and 16 high values from qh */
+    static __device__ __forceinline__ float dot(const uint8_t *row, int u, const int8_t *xq,
+                                                const float *xd)
+    {
+        const uint8_t *b = row + (u >> 3) * 176;
+        int g = (u >> 1) & 3, h = u & 1;
+        uint4 q = *(const uint4 *)(b + 48 + 32 * g + 16 * h);
+        uint4 qh = *(const uint4 *)(b + 16 + 16 * h);
+        const int8_t *xb = xq + (u >> 3) * 256 + 64 * g + 16 * h;
+        int4 xl = *(const int4 *)xb, xh = *(const int4 *)(xb + 32);
+        __half2 dm = *(const __half2 *)b;
+        int sc0, m0, sc1, m1;
+        scale_min_k4(2 * g, b + 4, &sc0, &m0);
+        scale_min_k4(2 * g + 1, b + 4, &sc1, &m1);
+        const uint32_t k4 = 0x0F0F0F0F, k1 = 0x01010101;
+        const int one = 0x01010101;
+        int s0 = 2 * g, s1 = 2 * g + 1;
+        int dl = 0, dh = 0, sl = 0, sh = 0;
+#define Q5_STEP(c)                                                                        \
+    dl = strata_dp4a((int)((q.c & k4) | (((qh.c >> s0) & k1) << 4)), xl.c, dl);            \
+    dh = strata_dp4a((int)(((q.c >> 4) & k4) | (((qh.c >> s1) & k1) << 4)), xh.c, dh);     \
+    sl = strata_dp4a(one, xl.c, sl);                                                       \
+    sh = strata_dp4a(one, xh.c, sh);
+        Q5_STEP(x) Q5_STEP(y) Q5_STEP(z) Q5_STEP(w)
+#undef Q5_STEP
+        float2 d = __half22float2(dm);
+        int bi = (u >> 3) * 8 + 2 * g;
+        float d0 = xd[bi], d1 = xd[bi + 1];
+        return d.x * (d0 * (float)(sc0 * dl) + d1 * (float)(sc1 * dh)) -
+               d.y * (d0 * (float)(m0 * sl) + d1 * (float)(m1 * sh));
+    }
+};
+
+template <> struct mvq<KT_Q6_K> {
+    /* unit u: super-block u / 8, half ip, l0 = 8 (u % 4): values 128 ip + 32 s + l0 + j
+     * (s = 0..3, j = 0..7) from ql[64 ip + l0 + j] (s = 0, 2: low and high nibble) and
+     * ql[64 ip + 32 + l0 + j] (s = 1, 3), with bits 2s of qh[32 ip + l0 + j] on top
+     * (ggml's dequantize_row_q6_K).  Blocks are 210 bytes: 2-byte aligned only. */
+    static __device__ __forceinline__ float dot(const uint8_t *row, int u, const int8_t *xq,
+                                                const float *xd)
+    {
+        const uint8_t *b = row + (u >> 3) * 210;
+        int ip = (u >> 2) & 1, l0 = 8 * (u & 3);
+        const uint8_t *qa = b + 64 * ip + l0, *qh = b + 128 + 32 * ip + l0;
+        uint32_t a0 = ld4_a2(qa), a1 = ld4_a2(qa + 4);
+        uint32_t c0 = ld4_a2(qa + 32), c1 = ld4_a2(qa + 36);
+        uint32_t h0 = ld4_a2(qh), h1 = ld4_a2(qh + 4);
+        const uint8_t *scp = b + 192 + 8 * ip;
+        int is8 = 8 * (l0 >> 4);
+        const uint32_t k4 = 0x0F0F0F0F, k2 = 0x03030303;
+        const int8_t *xb = xq + (u >> 3) * 256 + 128 * ip + l0;
+        float acc = 0.0f;
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            uint32_t lo0 = s & 1 ? c0 : a0, lo1 = s & 1 ? c1 : a1;
+            int shl = 4 * (s >> 1), shh = 2 * s;
+            int v0 = sub32(((lo0 >> shl) & k4) | (((h0 >> shh) & k2) << 4));
+            int v1 = sub32(((lo1 >> shl) & k4) | (((h1 >> shh) & k2) << 4));
+            int2 xv = *(const int2 *)(xb + 32 * s);
+            int dt = strata_dp4a(v0, xv.x, strata_dp4a(v1, xv.y, 0));
+            int sc = (int)(int8_t)(ld16(scp + 2 * s) >> is8);
+            acc += xd[(u >> 3) * 8 + 4 * ip + s] * (float)(sc * dt);
+        }
+        return ldh(b + 208) * acc;
+    }
+};
+
+template <> struct mvq<KT_Q8_0> {
+    /* unit u: block u (34 bytes, 2-byte aligned) */
+    static __device__ __forceinline__ float dot(const uint8_t *row, int u, const int8_t *xq,
+                                                const float *xd)
+    {
+        const uint8_t *b = row + u * 34;
+        const int4 *xv = (const int4 *)(xq + 32 * u);
+        int4 x0 = xv[0], x1 = xv[1];
+        int dt = 0;
+        dt = strata_dp4a((int)ld32_a2(b + 2), x0.x, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 6), x0.y, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 10), x0.z, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 14), x0.w, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 18), x1.x, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 22), x1.y, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 26), x1.z, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 30), x1.w, dt);
+        return ldh(b) * xd[u] * (float)dt;
+    }
+};
+
+#endif

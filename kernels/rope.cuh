@@ -1,0 +1,97 @@
+/* rope.cuh - per-head q/k RMSNorm, rotary position embedding and the kv cache store of
+ * one head, shared by rope.cu's qkv_post_kernel and the fused decode step
+ * (decode_step.cu). */
+#ifndef STRATA_KERNELS_ROPE_CUH
+#define STRATA_KERNELS_ROPE_CUH
+
+#include "kernels.h"
+
+/* One (head of q, k or v; token) by a group of threads: thread p (of hd / 2 rounded
+ * up to 64) owns the pair of values that RoPE rotates together (both halves of a neox
+ * pair, or 2p and 2p + 1).  sum(v): the group's sum of v, called by every thread of the
+ * group whatever the head, and also when active is 0 (a group with no head: it only
+ * takes part in the sum), since the fused decode step runs several groups in a block.
+ * q, k and v are read through L2: in the fused decode step other blocks wrote them. */
+template <class SUM>
+static __device__ void qkv_post_head(const struct strata_k_qkv_args &a,
+                                     const struct strata_k_rope &rp, int hidx, int t, int p,
+                                     int active, SUM sum)
+{
+    if (!active) {
+        (void)sum(0.0f);
+        return;
+    }
+    int hd = a.hd;
+    int pos = *a.pos0 + t;
+    float *src;
+    const float *nw;
+    int is_v = 0, kv_head = -1;
+    if (hidx < a.n_head) {
+        src = a.q + t * a.q_stride + (int64_t)hidx * hd;
+        nw = a.q_norm;
+    } else if (hidx < a.n_head + a.n_head_kv) {
+        kv_head = hidx - a.n_head;
+        src = a.k + t * a.k_stride + (int64_t)kv_head * hd;
+        nw = a.k_norm;
+    } else {
+        kv_head = hidx - a.n_head - a.n_head_kv;
+        src = a.v + t * a.v_stride + (int64_t)kv_head * hd;
+        nw = NULL;
+        is_v = 1;
+    }
+    int half_rot = rp.n_rot / 2;
+    /* element indices of this thread's pair */
+    int i0, i1;
+    if (p < half_rot) {
+        i0 = rp.mode == 2 ? p : 2 * p;
+        i1 = rp.mode == 2 ? p + half_rot : 2 * p + 1;
+    } else {
+        i0 = 2 * p; /* past n_rot: unrotated pairs */
+        i1 = 2 * p + 1;
+    }
+    int have = 2 * p < hd;
+    float x0 = have ? strata_ldcg_f(src + i0) : 0.0f;
+    float x1 = have && i1 < hd ? strata_ldcg_f(src + i1) : 0.0f;
+    float s2 = sum(x0 * x0 + x1 * x1);
+    if (nw) {
+        float sc = rsqrtf(s2 / (float)hd + a.eps);
+        x0 = x0 * sc * (have ? nw[i0] : 0.0f);
+        x1 = x1 * sc * (have && i1 < hd ? nw[i1] : 0.0f);
+    }
+    if (!have)
+        return;
+    if (!is_v && p < half_rot) {
+        /* ggml's rope_yarn */
+        float theta_extrap = (float)pos * powf(rp.freq_base, -2.0f * (float)p / (float)rp.n_rot);
+        float theta_interp = rp.freq_scale * theta_extrap, theta = theta_interp;
+        float mscale = rp.attn_factor;
+        if (rp.ext_factor != 0.0f) {
+            float y = ((float)p - rp.corr_dims[0]) / fmaxf(0.001f, rp.corr_dims[1] - rp.corr_dims[0]);
+            float ramp = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * rp.ext_factor;
+            theta = theta_interp * (1.0f - ramp) + theta_extrap * ramp;
+            mscale *= 1.0f + 0.1f * logf(1.0f / rp.freq_scale);
+        }
+        float c = cosf(theta) * mscale, s = sinf(theta) * mscale;
+        float r0 = x0 * c - x1 * s, r1 = x0 * s + x1 * c;
+        x0 = r0;
+        x1 = r1;
+    }
+    if (kv_head < 0) {
+        src[i0] = x0;
+        if (i1 < hd)
+            src[i1] = x1;
+        return;
+    }
+    __half *dst = (is_v ? a.v_cache : a.k_cache) + ((int64_t)pos * a.n_head_kv + kv_head) * hd;
+    dst[i0] = __float2half(x0);
+    if (i1 < hd)
+        dst[i1] = __float2half(x1);
+}
+
+/* Threads of qkv_post_head's group for head dim hd. */
+static __host__ __device__ inline int qkv_post_threads(int hd)
+{
+    return (hd / 2 + 63) / 64 * 64;
+}
+
+#endif
