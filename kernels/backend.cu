@@ -164,6 +164,20 @@ struct gpu_state {
     /* routed experts that do not all fit: a VRAM slot pool (backend_experts.h); NULL
      * when every expert is in VRAM */
     struct strata_gpu_ec *xc;
+    /* the fused decode step (strata_k_decode_step; STRATA_FUSED_STEP=1 turns it on):
+     * one-token batches of an all-in-VRAM MoE model whose every product takes the 8-bit
+     * kernels run their layers as one persistent kernel of step_blocks blocks
+     * (STRATA_STEP_BLOCKS=N: at most N a multiprocessor); 0 blocks: the separate
+     * launches.  The hidden state is bitwise theirs, so verify windows (which run the
+     * separate launches) still equal decode steps.  Off by default: on the H200 it is
+     * slower than the separate launches (783 against 1,037-1,053 tok/s, tg128 of the
+     * 12-layer synthetic Qwen3-30B-A3B; docs/performance.md) */
+    int step_blocks;
+    struct strata_k_step_args step;
+    /* STRATA_STEP_TRACE=1: the step's per-stage clock readings (step.trace) summed over
+     * the steps run, logged when the backend is freed */
+    double step_work_ns[7], step_wait_ns[7], step_mid_ns[7];
+    long step_traced;
 };
 
 #ifdef STRATA_GPU_CUDA
@@ -450,6 +464,20 @@ static void gpu_free(void *state)
         return;
     if (s->prof && s->n_ops)
         prof_report(s);
+    if (s->step_traced) {
+        static const char *const stage[7] = {"norm+qkv", "qk norm+rope", "attention",
+                                             "attn_output", "norm+router", "top-k+gate/up",
+                                             "down"};
+        const double per = (double)s->step_traced * s->step.n_layer * 1e3;
+        char line[512];
+        int len = 0;
+        for (int i = 0; i < 7 && len < (int)sizeof line; i++)
+            len += snprintf(line + len, sizeof line - len, "%s %s %.2f (first part %.2f) + %.2f",
+                            i ? "," : "", stage[i], s->step_work_ns[i] / per,
+                            s->step_mid_ns[i] / per, s->step_wait_ns[i] / per);
+        strata_log_info("decode step stages over %ld steps, µs a layer (block 0's work + "
+                        "the barrier):%s", s->step_traced, line);
+    }
 #ifdef STRATA_GPU_CUDA
     if (s->blas)
         s->blas_destroy(s->blas);
@@ -592,6 +620,187 @@ static int place_experts(struct gpu_state *s, const struct strata_engine_opts *o
 }
 
 static int blas_warm(struct gpu_state *s, struct strata_err *err);
+
+/* The q/k norm + RoPE (qa) and attention (aa) arguments of layer D for a batch of n
+ * tokens whose attention reads up to max_kv positions: what launch_forward launches, and
+ * what the fused decode step runs for one token.  The attention merges its splits and
+ * writes attn_output's 8-bit rows itself for mat-vec batches (STRATA_NO_ATTQ=1: not). */
+static void layer_attn_args(const struct gpu_state *s, const struct dev_layer *D, int n,
+                            int max_kv, struct strata_k_qkv_args *qa,
+                            struct strata_k_attn_args *aa)
+{
+    /* q, k, v of token t: row t of [n, n_q + 2 n_kv] */
+    const int qs = s->n_q + 2 * s->n_kv;
+    memset(qa, 0, sizeof(*qa));
+    qa->q = s->q;
+    qa->k = s->q + s->n_q;
+    qa->v = qa->k + s->n_kv;
+    qa->q_stride = qa->k_stride = qa->v_stride = qs;
+    qa->q_norm = D->q_norm;
+    qa->k_norm = D->k_norm;
+    qa->eps = s->eps;
+    qa->rope = &s->rope;
+    qa->pos0 = s->pos0;
+    qa->n_tok = n;
+    qa->n_head = s->n_head;
+    qa->n_head_kv = s->n_head_kv;
+    qa->hd = s->hd;
+    qa->k_cache = D->k_cache;
+    qa->v_cache = D->v_cache;
+    memset(aa, 0, sizeof(*aa));
+    aa->q = s->q;
+    aa->q_stride = qs;
+    aa->k_cache = D->k_cache;
+    aa->v_cache = D->v_cache;
+    aa->out = s->att;
+    aa->pos0 = s->pos0;
+    aa->n_tok = n;
+    aa->n_head = s->n_head;
+    aa->n_head_kv = s->n_head_kv;
+    aa->hd = s->hd;
+    aa->max_kv = max_kv;
+    aa->n_split = n <= MATVEC_MAX ? s->n_split : 1;
+    aa->scale = 1.0f / sqrtf((float)s->hd);
+    aa->scratch = s->attn_scratch;
+    aa->split_keys = s->att_split_keys;
+    aa->mma = s->att_mma && n > MATVEC_MAX;
+    if (s->attn_q8 && n <= MATVEC_MAX) {
+        aa->counters = s->attn_cnt;
+        if (mvq_ok(s, &D->wo, n) && s->hd % 32 == 0) {
+            aa->out_q8 = s->attq;
+            aa->out_q8_row = (int64_t)strata_k_q8_row_bytes(s->n_q);
+        }
+    }
+}
+
+/* w as a product of the fused decode step: tpr for k experts summed per row (1: PLAIN
+ * or GLU), R rows per lane group (PLAIN and COMBINE: the fewest that cover the rows in
+ * one pass of the step's groups; GLU: max(1, tpr / 8)).  0 if the 8-bit kernels cannot
+ * take w (type, alignment). */
+static int step_mv(const struct gpu_state *s, const struct strata_k_weight *w,
+                   const struct strata_k_weight *up, int k, int blocks,
+                   struct strata_k_step_mv *m)
+{
+    if (!mvq_ok(s, w, 1) || w->ne0 % 32 || (uintptr_t)w->data & 15 || w->nb1 & 1 || w->nb2 & 1 ||
+        ((w->type == STRATA_TYPE_Q4_K || w->type == STRATA_TYPE_Q5_K) &&
+         (w->nb1 & 15 || w->nb2 & 15)))
+        return 0;
+    if (up && (up->type != w->type || up->ne0 != w->ne0 || up->ne1 != w->ne1 ||
+               up->nb1 != w->nb1 || up->nb2 != w->nb2 || (uintptr_t)up->data & 15 ||
+               w->ne1 % 32))
+        return 0;
+    memset(m, 0, sizeof(*m));
+    m->w = (const uint8_t *)w->data;
+    m->u = up ? (const uint8_t *)up->data : NULL;
+    m->nb1 = w->nb1;
+    m->nb2 = w->nb2;
+    m->type = w->type;
+    m->ne1 = (int)w->ne1;
+    m->nu = (int)(w->ne0 / 32);
+    m->tpr = strata_k_mvq_tpr(m->nu, k);
+    if (up) {
+        m->R = m->tpr / 8 > 1 ? m->tpr / 8 : 1;
+    } else {
+        const int gpp = blocks * STRATA_GPU_BLOCK / m->tpr;
+        m->R = 1;
+        while (m->R < 4 && (m->ne1 + m->R - 1) / m->R > gpp)
+            m->R *= 2;
+    }
+    return 1;
+}
+
+/* Set up the fused decode step when this model and configuration can take it
+ * (s->step_blocks stays 0 otherwise): every layer MoE with an F32 router and 8-bit
+ * products, the default decode kernels (8-bit attention output, fused routing, norms
+ * by their own launch), every expert in VRAM. */
+static int step_setup(struct gpu_state *s, struct strata_err *err)
+{
+    const struct strata_hparams *hp = &s->m->hp;
+    const char *on = getenv("STRATA_FUSED_STEP"), *bl = getenv("STRATA_STEP_BLOCKS");
+    struct strata_k_step_args *a = &s->step;
+    s->step_blocks = 0;
+    if (!(on && *on && strcmp(on, "0") != 0) || s->xc || s->fuse || !s->fuse_route ||
+        !s->attn_q8 || !s->use_q8 || hp->n_layer == 0 ||
+        !strata_k_decode_step_supported(s->n_embd, s->hd, s->n_ff_exp, s->n_expert, s->n_used))
+        return 0;
+    memset(a, 0, sizeof(*a));
+    a->n_layer = (int)hp->n_layer;
+    a->n_embd = s->n_embd;
+    a->n_q = s->n_q;
+    a->n_expert = s->n_expert;
+    a->k = s->n_used;
+    a->norm_topk = hp->expert_weights_norm;
+    a->hd = s->hd;
+    a->n_ff_exp = s->n_ff_exp;
+    a->eps = s->eps;
+    a->wscale = hp->expert_weights_scale > 0 ? hp->expert_weights_scale : 1.0f;
+    a->rope = s->rope;
+    a->x = s->x;
+    a->logits = s->router;
+    a->eids = s->eids;
+    a->ew = s->ew;
+    a->attq = s->attq;
+    a->actq = s->actq;
+    a->dry = getenv("STRATA_STEP_DRY") != NULL;
+    int blocks = strata_k_decode_step_blocks(&s->ctx, a, bl && *bl ? atoi(bl) : 0);
+    if (blocks <= 0)
+        return 0;
+    struct strata_k_step_layer *ly =
+        (struct strata_k_step_layer *)calloc(hp->n_layer, sizeof(*ly));
+    if (!ly)
+        return strata_k_err(err, STRATA_E_NOMEM, "out of memory");
+    int ok = 1;
+    for (int il = 0; il < a->n_layer && ok; il++) {
+        const struct dev_layer *D = &s->layers[il];
+        struct strata_k_step_layer *Y = &ly[il];
+        ok = D->is_moe && D->gate_inp.type == STRATA_TYPE_F32 && D->gate_inp.ne0 == s->n_embd &&
+             D->gate_inp.ne1 == s->n_expert && D->gate_inp.nb1 == 4 * (size_t)s->n_embd &&
+             !((uintptr_t)D->gate_inp.data & 15) && D->gate_exps.ne1 == s->n_ff_exp &&
+             D->down_exps.ne0 == s->n_ff_exp && D->down_exps.ne1 == s->n_embd &&
+             step_mv(s, &D->wo, NULL, 1, blocks, &Y->wo) &&
+             step_mv(s, &D->gate_exps, &D->up_exps, 1, blocks, &Y->gate_up) &&
+             step_mv(s, &D->down_exps, NULL, s->n_used, blocks, &Y->down);
+        if (D->n_qkv == 3) {
+            ok = ok && step_mv(s, &D->wqkv, NULL, 1, blocks, &Y->qkv[0]);
+            Y->n_qkv = 1;
+        } else if (D->n_qkv == 2) {
+            ok = ok && step_mv(s, &D->wqkv, NULL, 1, blocks, &Y->qkv[0]) &&
+                 step_mv(s, &D->wv, NULL, 1, blocks, &Y->qkv[1]);
+            Y->qkv_col[1] = s->n_q + s->n_kv;
+            Y->n_qkv = 2;
+        } else {
+            ok = ok && step_mv(s, &D->wq, NULL, 1, blocks, &Y->qkv[0]) &&
+                 step_mv(s, &D->wk, NULL, 1, blocks, &Y->qkv[1]) &&
+                 step_mv(s, &D->wv, NULL, 1, blocks, &Y->qkv[2]);
+            Y->qkv_col[1] = s->n_q;
+            Y->qkv_col[2] = s->n_q + s->n_kv;
+            Y->n_qkv = 3;
+        }
+        Y->attn_norm = D->attn_norm;
+        Y->ffn_norm = D->ffn_norm;
+        Y->router = (const float *)D->gate_inp.data;
+        layer_attn_args(s, D, 1, s->n_ctx, &Y->qa, &Y->aa);
+        ok = ok && Y->aa.out_q8 && Y->aa.counters;
+    }
+    int rc = 0;
+    if (ok && !(rc = dalloc(s, (void **)&a->layers, sizeof(*ly) * hp->n_layer,
+                            "decode step tables", err)) &&
+        !(rc = dalloc(s, (void **)&a->bar, sizeof(*a->bar), "decode step barrier", err)) &&
+        !(rc = gpu_call(s, cudaMemcpy((void *)a->layers, ly, sizeof(*ly) * hp->n_layer,
+                                      cudaMemcpyHostToDevice),
+                        "copy of the decode step tables", err)) &&
+        !(rc = gpu_call(s, cudaMemset(a->bar, 0, sizeof(*a->bar)),
+                        "cudaMemset (decode step barrier)", err)) &&
+        !(getenv("STRATA_STEP_TRACE") &&
+          (rc = dalloc(s, (void **)&a->trace, sizeof(unsigned long long) * (21 * a->n_layer + 1),
+                       "decode step trace", err)))) {
+        s->step_blocks = blocks;
+        strata_log_info("decode steps as one kernel: %d blocks of %d threads", blocks,
+                        STRATA_GPU_BLOCK);
+    }
+    free(ly);
+    return rc;
+}
 
 static int gpu_init(void **state, const struct strata_model *m, const struct strata_engine_opts *o,
                     struct strata_pool *pool, struct strata_err *err)
@@ -805,6 +1014,8 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
     if ((o->backend_cfg && (rc = place_experts(s, o, pool, err))) || (rc = blas_warm(s, err)))
         goto out;
     release_host_weights(s);
+    if ((rc = step_setup(s, err)))
+        goto out;
     strata_log_info("%s backend on device %d: %s (%s, %d SMs, warp %d), %.1f MiB of VRAM for "
                     "weights, kv cache (%d positions) and scratch (%d tokens)",
                     STRATA_GPU_RUNTIME_NAME, dev, s->ctx.info.name, s->ctx.info.arch,
@@ -1101,7 +1312,13 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
 #define OP(name, call) (prof_mark(s, name), (rc = (call)))
     if (!have_embd && OP("get_rows", strata_k_get_rows(&s->ctx, &s->tok_embd, s->ids, n, s->x, err)))
         return strata_err_wrap(err, "token_embd: ");
-    for (int il = 0; il < (int)s->m->hp.n_layer; il++) {
+    int il0 = 0; /* the first layer the separate launches run */
+    if (n == 1 && s->step_blocks > 0 && max_kv == s->n_ctx) {
+        if (OP("decode_step", strata_k_decode_step(&s->ctx, &s->step, s->step_blocks, err)))
+            goto fail;
+        il0 = (int)s->m->hp.n_layer;
+    }
+    for (int il = il0; il < (int)s->m->hp.n_layer; il++) {
         struct dev_layer *D = &s->layers[il];
         struct strata_k_qkv_args qa;
         struct strata_k_attn_args aa;
@@ -1123,52 +1340,10 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
             goto fail;
         if (D->n_qkv < 3 && OP("attn_v", proj_n(s, &D->wv, n, v, qs, NULL, err)))
             goto fail;
-        memset(&qa, 0, sizeof(qa));
-        qa.q = q;
-        qa.k = k;
-        qa.v = v;
-        qa.q_stride = qs;
-        qa.k_stride = qs;
-        qa.v_stride = qs;
-        qa.q_norm = D->q_norm;
-        qa.k_norm = D->k_norm;
-        qa.eps = s->eps;
-        qa.rope = &s->rope;
-        qa.pos0 = s->pos0;
-        qa.n_tok = n;
-        qa.n_head = s->n_head;
-        qa.n_head_kv = s->n_head_kv;
-        qa.hd = s->hd;
-        qa.k_cache = D->k_cache;
-        qa.v_cache = D->v_cache;
+        layer_attn_args(s, D, n, max_kv, &qa, &aa);
         if (OP("qk_norm_rope_kv", strata_k_qkv_post(&s->ctx, &qa, err)))
             goto fail;
-        memset(&aa, 0, sizeof(aa));
-        aa.q = q;
-        aa.q_stride = qs;
-        aa.k_cache = D->k_cache;
-        aa.v_cache = D->v_cache;
-        aa.out = s->att;
-        aa.pos0 = s->pos0;
-        aa.n_tok = n;
-        aa.n_head = s->n_head;
-        aa.n_head_kv = s->n_head_kv;
-        aa.hd = s->hd;
-        aa.max_kv = max_kv;
-        aa.n_split = n <= MATVEC_MAX ? s->n_split : 1;
-        aa.scale = 1.0f / sqrtf((float)s->hd);
-        aa.scratch = s->attn_scratch;
-        aa.split_keys = s->att_split_keys;
-        aa.mma = s->att_mma && n > MATVEC_MAX;
-        /* the merge and the 8-bit rows of attn_output in the attention launch */
         const int wo_q8 = mvq_ok(s, &D->wo, n);
-        if (s->attn_q8 && n <= MATVEC_MAX) {
-            aa.counters = s->attn_cnt;
-            if (wo_q8 && s->hd % 32 == 0) {
-                aa.out_q8 = s->attq;
-                aa.out_q8_row = (int64_t)strata_k_q8_row_bytes(s->n_q);
-            }
-        }
         if (OP("attention", strata_k_attention(&s->ctx, &aa, err)))
             goto fail;
         if (wo_q8) {
@@ -1415,6 +1590,22 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
         memcpy(logits, s->h_logits, 4 * (size_t)s->n_vocab);
     if (s->prof)
         prof_collect(s);
+    if (n == 1 && s->step_blocks > 0 && s->step.trace) {
+        unsigned long long t[21 * 256 + 1];
+        const int nl = s->step.n_layer;
+        if (nl <= 256 && cudaMemcpy(t, s->step.trace, sizeof(t[0]) * (21 * nl + 1),
+                                    cudaMemcpyDeviceToHost) == cudaSuccess) {
+            for (int i = 0; i < 7 * nl; i++) {
+                const unsigned long long mid = t[14 * nl + 1 + i];
+                s->step_work_ns[i % 7] += (double)(t[2 * i + 1] - t[2 * i]);
+                s->step_wait_ns[i % 7] += (double)(t[2 * i + 2] - t[2 * i + 1]);
+                if (mid > t[2 * i] && mid <= t[2 * i + 1])
+                    s->step_mid_ns[i % 7] += (double)(mid - t[2 * i]);
+            }
+            s->step_traced++;
+        }
+        (void)cudaGetLastError();
+    }
     if (dec_step) {
         struct timespec ts1;
         clock_gettime(CLOCK_MONOTONIC, &ts1);

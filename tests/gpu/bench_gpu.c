@@ -124,21 +124,30 @@ int main(int argc, char **argv)
         return 1;
     }
     /* --ab VAR[+VAR...][,...]: the same measurement with each group of VARs set to 1
-     * in the environment in turn (e.g. STRATA_NO_MVQ: float-activation mat-vec;
-     * STRATA_NO_ATTQ+STRATA_NO_PIN_IN: both at once), then as the environment is */
+     * (or VAR=VALUE to VALUE) in the environment in turn (e.g. STRATA_NO_MVQ:
+     * float-activation mat-vec; STRATA_NO_ATTQ+STRATA_NO_PIN_IN: both at once), then as
+     * the environment is */
     for (const char *v = ab; v && *v && !rc;) {
         char group[256], label[280];
         size_t len = strcspn(v, ",");
         snprintf(group, sizeof group, "%.*s", (int)(len < sizeof group ? len : sizeof group - 1),
                  v);
-        snprintf(label, sizeof label, "[%s=1] ", group);
-        for (char *n = strtok(group, "+"); n; n = strtok(NULL, "+"))
-            setenv(n, "1", 1);
+        snprintf(label, sizeof label, strchr(group, '=') ? "[%s] " : "[%s=1] ", group);
+        for (char *n = strtok(group, "+"); n; n = strtok(NULL, "+")) {
+            char *eq = strchr(n, '=');
+            if (eq)
+                *eq = '\0';
+            setenv(n, eq ? eq + 1 : "1", 1);
+        }
         rc = bench_one(g, pp, tg, reps, label);
         snprintf(group, sizeof group, "%.*s", (int)(len < sizeof group ? len : sizeof group - 1),
                  v);
-        for (char *n = strtok(group, "+"); n; n = strtok(NULL, "+"))
+        for (char *n = strtok(group, "+"); n; n = strtok(NULL, "+")) {
+            char *eq = strchr(n, '=');
+            if (eq)
+                *eq = '\0';
             unsetenv(n);
+        }
         v += len + (v[len] == ',');
     }
     if (!rc)

@@ -4,7 +4,8 @@
  * the quantised tinycoder files against the CPU backend; verify windows of 2, 8, 16
  * and 17 tokens bitwise equal to one-token decodes for every fixture model (so every
  * block type in the fixtures), on both sides of an attention split boundary, with
- * and without graphs; launch errors reported, not hidden.
+ * and without graphs, and with the fused decode step (STRATA_FUSED_STEP=1); launch
+ * errors reported, not hidden.
  * The backend is $STRATA_BACKEND (default cuda). */
 #include <math.h>
 #include <stdio.h>
@@ -301,6 +302,15 @@ static void window_check(const char *model)
     free(saved);
     if (ok(rc == 0, "%s: open without graphs%s%s", model, rc ? ": " : "", err.msg))
         windows(e, ids, n_ids, "no graphs", keep, NULL, model);
+    /* the decode steps of the fused step kernel (decode_step.cu, opt-in) where the model
+     * takes it: the windows, which run the separate launches, must equal them too */
+    strata_engine_close(e);
+    e = NULL;
+    setenv("STRATA_FUSED_STEP", "1", 1);
+    rc = open_engine(&e, g, backend(), 256, &err);
+    unsetenv("STRATA_FUSED_STEP");
+    if (ok(rc == 0, "%s: open with the fused decode step%s%s", model, rc ? ": " : "", err.msg))
+        windows(e, ids, n_ids, "fused step", keep, NULL, model);
 out:
     free(keep);
     strata_engine_close(e);
