@@ -114,6 +114,10 @@ static __device__ void attn_tile(const struct strata_k_attn_args &a, int bx, int
 
     for (int j0 = lo; j0 < hi; j0 += ATT_KEYS) {
         __syncthreads();
+        /* plain loads of the kv cache: in the fused decode step another block wrote the
+         * newest row in this launch, but no multiprocessor read that row before (it is
+         * new), so no stale L1 line of it can exist, and the grid barrier between the two
+         * orders the write before this read */
         for (int i = tid; i < ATT_KEYS * DPT; i += ATT_THREADS) {
             int j = i / DPT, d = 8 * (i % DPT);
             uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
@@ -217,8 +221,9 @@ static __device__ void attn_tile(const struct strata_k_attn_args &a, int bx, int
     }
     const int nz = splits_used(p0 + a.n_tok, a.n_split, a.split_keys); /* blocks of this tile that run */
     if (a.counters && nz > 1) {
-        /* the last block of the tile to finish merges its split rows, in split order as
-         * attn_merge_kernel does (threadFenceReduction pattern) */
+        /* the last block of the tile to finish merges its split rows (threadFenceReduction
+         * pattern), in an order of its own: not attn_merge_kernel's, so the two differ in
+         * the last bits; decodes and verify windows both merge here */
         __threadfence();
         __syncthreads();
         if (tid == 0) {

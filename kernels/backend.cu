@@ -178,6 +178,7 @@ struct gpu_state {
      * the steps run, logged when the backend is freed */
     double step_work_ns[7], step_wait_ns[7], step_mid_ns[7];
     long step_traced;
+    unsigned long long *step_trace_host; /* [21 * n_layer + 1] */
 };
 
 #ifdef STRATA_GPU_CUDA
@@ -476,7 +477,8 @@ static void gpu_free(void *state)
                             i ? "," : "", stage[i], s->step_work_ns[i] / per,
                             s->step_mid_ns[i] / per, s->step_wait_ns[i] / per);
         strata_log_info("decode step stages over %ld steps, µs a layer (block 0's work + "
-                        "the barrier):%s", s->step_traced, line);
+                        "the barrier; thousands of clock cycles on HIP):%s", s->step_traced,
+                        line);
     }
 #ifdef STRATA_GPU_CUDA
     if (s->blas)
@@ -499,6 +501,7 @@ static void gpu_free(void *state)
         (void)cudaStreamDestroy(s->ctx.stream);
     (void)cudaGetLastError();
     free(s->allocs);
+    free(s->step_trace_host);
     free(s->layers);
     free(s);
 }
@@ -709,20 +712,38 @@ static int step_mv(const struct gpu_state *s, const struct strata_k_weight *w,
     return 1;
 }
 
-/* Set up the fused decode step when this model and configuration can take it
- * (s->step_blocks stays 0 otherwise): every layer MoE with an F32 router and 8-bit
- * products, the default decode kernels (8-bit attention output, fused routing, norms
- * by their own launch), every expert in VRAM. */
-static int step_setup(struct gpu_state *s, struct strata_err *err)
+/* 1 if environment variable name is set to anything but "" or "0". */
+static int env_on(const char *name)
+{
+    const char *e = getenv(name);
+    return e && *e && strcmp(e, "0") != 0;
+}
+
+/* Set up the fused decode step (STRATA_FUSED_STEP=1) when this model and configuration
+ * can take it: every layer MoE with an F32 router and 8-bit products, the default decode
+ * kernels (8-bit attention output, fused routing, norms by their own launch), every
+ * expert in VRAM, a device that launches cooperative grids.  Otherwise, or when its
+ * tables cannot be allocated, s->step_blocks stays 0 (the separate launches) and the
+ * log says why; it never fails the backend. */
+static void step_setup(struct gpu_state *s)
 {
     const struct strata_hparams *hp = &s->m->hp;
-    const char *on = getenv("STRATA_FUSED_STEP"), *bl = getenv("STRATA_STEP_BLOCKS");
+    const char *bl = getenv("STRATA_STEP_BLOCKS");
     struct strata_k_step_args *a = &s->step;
+    struct strata_err err = {0, ""};
+    struct strata_k_step_layer *ly = NULL;
+    int coop = 0, blocks = 0;
     s->step_blocks = 0;
-    if (!(on && *on && strcmp(on, "0") != 0) || s->xc || s->fuse || !s->fuse_route ||
-        !s->attn_q8 || !s->use_q8 || hp->n_layer == 0 ||
+    if (!env_on("STRATA_FUSED_STEP"))
+        return;
+    if (cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, s->ctx.info.device) !=
+        cudaSuccess)
+        coop = 0;
+    (void)cudaGetLastError();
+    if (s->xc || s->fuse || !s->fuse_route || !s->attn_q8 || !s->use_q8 || hp->n_layer == 0 ||
+        !coop ||
         !strata_k_decode_step_supported(s->n_embd, s->hd, s->n_ff_exp, s->n_expert, s->n_used))
-        return 0;
+        goto off;
     memset(a, 0, sizeof(*a));
     a->n_layer = (int)hp->n_layer;
     a->n_embd = s->n_embd;
@@ -741,25 +762,21 @@ static int step_setup(struct gpu_state *s, struct strata_err *err)
     a->ew = s->ew;
     a->attq = s->attq;
     a->actq = s->actq;
-    a->dry = getenv("STRATA_STEP_DRY") != NULL;
-    int blocks = strata_k_decode_step_blocks(&s->ctx, a, bl && *bl ? atoi(bl) : 0);
-    if (blocks <= 0)
-        return 0;
-    struct strata_k_step_layer *ly =
-        (struct strata_k_step_layer *)calloc(hp->n_layer, sizeof(*ly));
-    if (!ly)
-        return strata_k_err(err, STRATA_E_NOMEM, "out of memory");
-    int ok = 1;
-    for (int il = 0; il < a->n_layer && ok; il++) {
+    a->dry = env_on("STRATA_STEP_DRY");
+    blocks = strata_k_decode_step_blocks(&s->ctx, a, bl && *bl ? atoi(bl) : 0);
+    ly = (struct strata_k_step_layer *)calloc(hp->n_layer, sizeof(*ly));
+    if (blocks <= 0 || !ly)
+        goto off;
+    for (int il = 0; il < a->n_layer; il++) {
         const struct dev_layer *D = &s->layers[il];
         struct strata_k_step_layer *Y = &ly[il];
-        ok = D->is_moe && D->gate_inp.type == STRATA_TYPE_F32 && D->gate_inp.ne0 == s->n_embd &&
-             D->gate_inp.ne1 == s->n_expert && D->gate_inp.nb1 == 4 * (size_t)s->n_embd &&
-             !((uintptr_t)D->gate_inp.data & 15) && D->gate_exps.ne1 == s->n_ff_exp &&
-             D->down_exps.ne0 == s->n_ff_exp && D->down_exps.ne1 == s->n_embd &&
-             step_mv(s, &D->wo, NULL, 1, blocks, &Y->wo) &&
-             step_mv(s, &D->gate_exps, &D->up_exps, 1, blocks, &Y->gate_up) &&
-             step_mv(s, &D->down_exps, NULL, s->n_used, blocks, &Y->down);
+        int ok = D->is_moe && D->gate_inp.type == STRATA_TYPE_F32 &&
+                 D->gate_inp.ne0 == s->n_embd && D->gate_inp.ne1 == s->n_expert &&
+                 D->gate_inp.nb1 == 4 * (size_t)s->n_embd && !((uintptr_t)D->gate_inp.data & 15) &&
+                 D->gate_exps.ne1 == s->n_ff_exp && D->down_exps.ne0 == s->n_ff_exp &&
+                 D->down_exps.ne1 == s->n_embd && step_mv(s, &D->wo, NULL, 1, blocks, &Y->wo) &&
+                 step_mv(s, &D->gate_exps, &D->up_exps, 1, blocks, &Y->gate_up) &&
+                 step_mv(s, &D->down_exps, NULL, s->n_used, blocks, &Y->down);
         if (D->n_qkv == 3) {
             ok = ok && step_mv(s, &D->wqkv, NULL, 1, blocks, &Y->qkv[0]);
             Y->n_qkv = 1;
@@ -780,26 +797,47 @@ static int step_setup(struct gpu_state *s, struct strata_err *err)
         Y->ffn_norm = D->ffn_norm;
         Y->router = (const float *)D->gate_inp.data;
         layer_attn_args(s, D, 1, s->n_ctx, &Y->qa, &Y->aa);
-        ok = ok && Y->aa.out_q8 && Y->aa.counters;
+        if (!ok || !Y->aa.out_q8 || !Y->aa.counters)
+            goto off;
     }
-    int rc = 0;
-    if (ok && !(rc = dalloc(s, (void **)&a->layers, sizeof(*ly) * hp->n_layer,
-                            "decode step tables", err)) &&
-        !(rc = dalloc(s, (void **)&a->bar, sizeof(*a->bar), "decode step barrier", err)) &&
-        !(rc = gpu_call(s, cudaMemcpy((void *)a->layers, ly, sizeof(*ly) * hp->n_layer,
-                                      cudaMemcpyHostToDevice),
-                        "copy of the decode step tables", err)) &&
-        !(rc = gpu_call(s, cudaMemset(a->bar, 0, sizeof(*a->bar)),
-                        "cudaMemset (decode step barrier)", err)) &&
-        !(getenv("STRATA_STEP_TRACE") &&
-          (rc = dalloc(s, (void **)&a->trace, sizeof(unsigned long long) * (21 * a->n_layer + 1),
-                       "decode step trace", err)))) {
-        s->step_blocks = blocks;
-        strata_log_info("decode steps as one kernel: %d blocks of %d threads", blocks,
-                        STRATA_GPU_BLOCK);
+    if (dalloc(s, (void **)&a->layers, sizeof(*ly) * hp->n_layer, "decode step tables", &err) ||
+        dalloc(s, (void **)&a->bar, sizeof(*a->bar), "decode step barrier", &err) ||
+        gpu_call(s, cudaMemcpy((void *)a->layers, ly, sizeof(*ly) * hp->n_layer,
+                               cudaMemcpyHostToDevice),
+                 "copy of the decode step tables", &err) ||
+        gpu_call(s, cudaMemset(a->bar, 0, sizeof(*a->bar)), "cudaMemset (decode step barrier)",
+                 &err))
+        goto off;
+    if (env_on("STRATA_STEP_TRACE")) {
+        const size_t nt = 21 * (size_t)a->n_layer + 1;
+        s->step_trace_host = (unsigned long long *)calloc(nt, sizeof(unsigned long long));
+        if (!s->step_trace_host ||
+            dalloc(s, (void **)&a->trace, sizeof(unsigned long long) * nt, "decode step trace",
+                   &err) ||
+            gpu_call(s, cudaMemset(a->trace, 0, sizeof(unsigned long long) * nt),
+                     "cudaMemset (decode step trace)", &err)) {
+            a->trace = NULL;
+            strata_log_warn("decode step trace off: %s", err.msg[0] ? err.msg : "out of memory");
+        }
     }
+    s->step_blocks = blocks;
+    strata_log_info("decode steps as one kernel: %d blocks of %d threads", blocks,
+                    STRATA_GPU_BLOCK);
+    if (a->dry)
+        strata_log_warn("STRATA_STEP_DRY is set: decode steps skip every layer's work (the "
+                        "barriers alone are timed); the text is garbage");
     free(ly);
-    return rc;
+    return;
+off:
+    free(ly);
+    (void)cudaGetLastError();
+    strata_log_info("STRATA_FUSED_STEP=1: this model or configuration cannot take the fused "
+                    "decode step (%s); decode runs the separate launches",
+                    err.msg[0] ? err.msg
+                    : !coop ? "no cooperative launch on this device"
+                    : s->xc ? "experts are offloaded"
+                    : "its layers, types or switches (MoE layers with an F32 router and 8-bit "
+                      "products, the default decode kernels)");
 }
 
 static int gpu_init(void **state, const struct strata_model *m, const struct strata_engine_opts *o,
@@ -1014,8 +1052,7 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
     if ((o->backend_cfg && (rc = place_experts(s, o, pool, err))) || (rc = blas_warm(s, err)))
         goto out;
     release_host_weights(s);
-    if ((rc = step_setup(s, err)))
-        goto out;
+    step_setup(s);
     strata_log_info("%s backend on device %d: %s (%s, %d SMs, warp %d), %.1f MiB of VRAM for "
                     "weights, kv cache (%d positions) and scratch (%d tokens)",
                     STRATA_GPU_RUNTIME_NAME, dev, s->ctx.info.name, s->ctx.info.arch,
@@ -1314,9 +1351,19 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
         return strata_err_wrap(err, "token_embd: ");
     int il0 = 0; /* the first layer the separate launches run */
     if (n == 1 && s->step_blocks > 0 && max_kv == s->n_ctx) {
-        if (OP("decode_step", strata_k_decode_step(&s->ctx, &s->step, s->step_blocks, err)))
+        if (!OP("decode_step", strata_k_decode_step(&s->ctx, &s->step, s->step_blocks, err))) {
+            il0 = (int)s->m->hp.n_layer;
+        } else if (rc == STRATA_E_UNSUPPORTED) {
+            /* the launch was refused (a grid too large for what else runs on the device):
+             * the separate launches from now on; a device fault stays an error */
+            strata_log_warn("%s; decode runs the separate launches from now on", err->msg);
+            s->step_blocks = 0;
+            rc = 0;
+            err->code = 0;
+            err->msg[0] = '\0';
+        } else {
             goto fail;
-        il0 = (int)s->m->hp.n_layer;
+        }
     }
     for (int il = il0; il < (int)s->m->hp.n_layer; il++) {
         struct dev_layer *D = &s->layers[il];
@@ -1481,6 +1528,7 @@ static int capture(struct gpu_state *s, int n, int all, struct strata_err *err)
 {
     cudaStream_t st = s->ctx.stream;
     cudaGraph_t g = NULL;
+    const int had_step = n == 1 && s->step_blocks > 0;
     int rc = gpu_call(s, cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed),
                       "cudaStreamBeginCapture", err);
     if (rc)
@@ -1500,6 +1548,16 @@ out:
     if (rc) {
         s->graph_exec[n][all] = NULL;
         (void)cudaGetLastError();
+        if (had_step) {
+            /* a runtime that cannot capture the step's cooperative launch: the separate
+             * launches, captured as before */
+            strata_log_warn("capturing the fused decode step: %s; decode runs the separate "
+                            "launches from now on", err->msg);
+            s->step_blocks = 0;
+            err->code = 0;
+            err->msg[0] = '\0';
+            return capture(s, n, all, err);
+        }
         strata_err_wrap(err, "capturing the graph of a %d-token batch: ", n);
     }
     return rc;
@@ -1591,10 +1649,10 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
     if (s->prof)
         prof_collect(s);
     if (n == 1 && s->step_blocks > 0 && s->step.trace) {
-        unsigned long long t[21 * 256 + 1];
+        unsigned long long *t = s->step_trace_host;
         const int nl = s->step.n_layer;
-        if (nl <= 256 && cudaMemcpy(t, s->step.trace, sizeof(t[0]) * (21 * nl + 1),
-                                    cudaMemcpyDeviceToHost) == cudaSuccess) {
+        if (cudaMemcpy(t, s->step.trace, sizeof(t[0]) * (21 * nl + 1),
+                       cudaMemcpyDeviceToHost) == cudaSuccess) {
             for (int i = 0; i < 7 * nl; i++) {
                 const unsigned long long mid = t[14 * nl + 1 + i];
                 s->step_work_ns[i % 7] += (double)(t[2 * i + 1] - t[2 * i]);

@@ -496,12 +496,19 @@ int strata_k_decode_step(struct strata_gpu_ctx *ctx, const struct strata_k_step_
     struct strata_k_step_args args = *a;
     void *params[] = {&args};
     cudaError_t e = strata_k_launch_coop(
-        ctx, reinterpret_cast<const void *>(step_kernel_for(a->hd)), grid, block, params, L.total);
-    if (e != cudaSuccess)
-        return strata_k_err(err, STRATA_E_GPU,
-                            "decode_step_kernel: cooperative launch of %d "
-                            "blocks (%zu bytes of shared memory each) failed on device %d: %s",
+        ctx, reinterpret_cast<const void *>(step_kernel_for(a->hd)), grid, block, params,
+        L.total);
+    if (e != cudaSuccess) {
+        /* a refused launch (too large a grid for what else runs, no cooperative launch)
+         * leaves the context usable: STRATA_E_UNSUPPORTED, and the caller may fall back */
+        (void)cudaGetLastError();
+        return strata_k_err(err,
+                            cudaPeekAtLastError() == cudaSuccess ? STRATA_E_UNSUPPORTED
+                                                                 : STRATA_E_GPU,
+                            "decode_step_kernel: cooperative launch of %d blocks (%zu bytes "
+                            "of shared memory each) failed on device %d: %s",
                             n_blocks, L.total, ctx->info.device, cudaGetErrorString(e));
+    }
     return strata_k_check(ctx, "decode_step_kernel", grid, block, err,
                           "n_layer=%d n_embd=%d hd=%d n_expert=%d k=%d", a->n_layer, a->n_embd,
                           a->hd, a->n_expert, a->k);

@@ -96,6 +96,7 @@
 #define cudaFuncAttributeMaxDynamicSharedMemorySize hipFuncAttributeMaxDynamicSharedMemorySize
 #define cudaDevAttrMultiProcessorCount hipDeviceAttributeMultiprocessorCount
 #define cudaOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
+#define cudaDevAttrCooperativeLaunch hipDeviceAttributeCooperativeLaunch
 
 /* Full-wavefront shuffles: HIP's shuffles take no mask. */
 #define STRATA_SHFL_XOR(v, m) __shfl_xor((v), (m), warpSize)

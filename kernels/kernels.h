@@ -29,6 +29,22 @@ struct strata_gpu_ctx {
     int pdl;        /* launch the decode kernels as programmatic dependent launches */
 };
 
+#ifdef STRATA_GPU_CUDA
+/* A launch configuration on ctx's stream with one launch attribute at (the caller's). */
+static inline cudaLaunchConfig_t strata_k_cfg(const struct strata_gpu_ctx *ctx, dim3 grid,
+                                              dim3 block, size_t smem, cudaLaunchAttribute *at)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = ctx->stream;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+#endif
+
 /* Launch k on ctx->stream.  With ctx->pdl (CUDA, sm_90+) as a programmatic dependent
  * launch: k may be scheduled while the previous kernel finishes (hiding the launch
  * latency of a chain of small decode kernels), so k must call strata_pdl_wait() before
@@ -42,13 +58,7 @@ static inline void strata_k_launch(const struct strata_gpu_ctx *ctx, void (*k)(P
         cudaLaunchAttribute at[1];
         at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[0].val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = grid;
-        cfg.blockDim = block;
-        cfg.dynamicSmemBytes = 0;
-        cfg.stream = ctx->stream;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
+        cudaLaunchConfig_t cfg = strata_k_cfg(ctx, grid, block, 0, at);
         (void)cudaLaunchKernelEx(&cfg, k, args...);
         return;
     }
@@ -67,13 +77,7 @@ static inline cudaError_t strata_k_launch_coop(const struct strata_gpu_ctx *ctx,
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeCooperative;
     at[0].val.cooperative = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = ctx->stream;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
+    cudaLaunchConfig_t cfg = strata_k_cfg(ctx, grid, block, smem, at);
     return cudaLaunchKernelExC(&cfg, k, args);
 #else
     return hipLaunchCooperativeKernel(k, grid, block, args, (unsigned)smem, ctx->stream);
@@ -438,9 +442,10 @@ struct strata_k_step_args {
     void *attq;          /* q8 row of n_q: the attention output */
     void *actq;          /* [k] q8 rows of n_ff_exp: the experts' SwiGLU output */
     unsigned long long *bar; /* one counter of device memory, zero before the first launch */
-    /* optional (NULL: off): [n_layer * 14 + 1] device clock readings (strata_dev_clock)
-     * of block 0: the start, then for each stage when its own work was done and when the
-     * stage's barrier was passed (a per-stage profile) */
+    /* optional (NULL: off): [n_layer * 21 + 1] device clock readings (strata_dev_clock)
+     * of block 0: [0] the start, [2 s + 1] and [2 s + 2] when stage s (0 .. 7 n_layer - 1)
+     * had its own work done and when its barrier was passed, [14 n_layer + 1 + s] when
+     * the first part of stage s was done (stages 1, 4, 5, 6 and 7 of each layer only) */
     unsigned long long *trace;
     int dry;         /* 1: barriers only, no work (what the barriers cost) */
 };
@@ -460,7 +465,9 @@ int strata_k_decode_step_blocks(const struct strata_gpu_ctx *ctx,
                                 const struct strata_k_step_args *a, int blocks_per_sm);
 
 /* Launch the step on ctx's stream with n_blocks blocks (strata_k_decode_step_blocks)
- * as a cooperative launch.  Errors: STRATA_E_INVALID (shapes), STRATA_E_GPU (launch). */
+ * as a cooperative launch.  Errors: STRATA_E_INVALID (shapes), STRATA_E_UNSUPPORTED (the
+ * launch was refused and the device is still usable: run the separate kernels),
+ * STRATA_E_GPU (a device fault). */
 int strata_k_decode_step(struct strata_gpu_ctx *ctx, const struct strata_k_step_args *a,
                          int n_blocks, struct strata_err *err);
 

@@ -17,6 +17,7 @@
 #include "engine.h"
 #include "generate.h"
 #include "gguf.h"
+#include "log.h"
 #include "tap.h"
 #include "vocab.h"
 
@@ -267,6 +268,16 @@ out:
     return rc || bad;
 }
 
+/* A log sink that notes whether the fused decode step was set up, and prints as the
+ * default sink does. */
+static void step_sink(int level, const char *msg, void *ud)
+{
+    (void)level;
+    if (strstr(msg, "decode steps as one kernel"))
+        *(int *)ud = 1;
+    fprintf(stderr, "strata: %s\n", msg);
+}
+
 static void window_check(const char *model)
 {
     char path[1024];
@@ -306,11 +317,18 @@ static void window_check(const char *model)
      * takes it: the windows, which run the separate launches, must equal them too */
     strata_engine_close(e);
     e = NULL;
+    int stepped = 0;
     setenv("STRATA_FUSED_STEP", "1", 1);
+    strata_log_set_sink(step_sink, &stepped);
     rc = open_engine(&e, g, backend(), 256, &err);
+    strata_log_set_sink(NULL, NULL);
     unsetenv("STRATA_FUSED_STEP");
     if (ok(rc == 0, "%s: open with the fused decode step%s%s", model, rc ? ": " : "", err.msg))
         windows(e, ids, n_ids, "fused step", keep, NULL, model);
+    /* the files whose every product has an 8-bit kernel must take it */
+    if (strstr(model, "Q8_0") || strstr(model, "Q4_K_M"))
+        ok(stepped, "%s: the fused decode step was set up (its windows above compared it)",
+           model);
 out:
     free(keep);
     strata_engine_close(e);
