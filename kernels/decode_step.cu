@@ -3,13 +3,17 @@
  *
  * Decoding one token is a chain of small dependent operations: per layer the
  * attn_norm, the q/k/v product, q/k norms and RoPE, attention, attn_output, ffn_norm,
- * the router and top-k, the experts' gate/up and down.  As separate launches each costs
- * its launch and ramp-up (5-13 µs on an H200, for a few µs of data).  Here one grid of
- * co-resident blocks (a cooperative launch) runs them as stages separated by grid-wide
- * barriers, and each stage asks for the next stage's weights in L2 before it starts
- * its own work (the weights never depend on the token), so the loads overlap the
- * barrier and the small stages.  Persistent "megakernels" for decoding are described in
- * Hazy Research's "Look Ma, No Bubbles!" (2025) and Mirage's MPK (2025).
+ * the router and top-k, the experts' gate/up and down, 5-13 µs each as separate
+ * launches on an H200 for a few µs of data.  Here one grid of co-resident blocks (a
+ * cooperative launch) runs them as stages separated by grid-wide barriers, and each
+ * stage asks for the next stage's weights in L2 before it starts its own work (the
+ * weights never depend on the token).  Persistent "megakernels" for decoding are
+ * described in Hazy Research's "Look Ma, No Bubbles!" (2025) and Mirage's MPK (2025).
+ *
+ * Measured on the H200 it is slower than the separate launches (docs/performance.md):
+ * a barrier costs about 1.3 µs, but each stage's own chain of dependent memory round
+ * trips, run by few warps, costs as much as the separate kernel did with its launch.
+ * So it is off unless STRATA_FUSED_STEP=1; STRATA_STEP_TRACE=1 times its stages.
  *
  * The numbers are those of the separate kernels, bit for bit: every stage calls the
  * same device functions (mvq.cuh, attention.cuh, rope.cuh, moe.cuh) with the same lanes
@@ -17,7 +21,8 @@
  * the norm, router and attention kernels' block size), and the same order of sums.  So
  * a decode step and a verify window (which runs the separate kernels) still give the
  * same logits.  Data that other blocks wrote during this launch is read through L2
- * (strata_ldcg_*), never through a multiprocessor's L1, which is not coherent.
+ * (strata_ldcg_*), not through a multiprocessor's L1, which is not coherent (the kv
+ * cache's newest row is the one exception; attention.cuh says why it is safe).
  *
  * Stages of layer l (a barrier after each):
  *   1. attn_norm (every block, into shared memory) and the q/k/v product
