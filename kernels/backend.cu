@@ -181,12 +181,18 @@ struct gpu_state {
     unsigned long long *step_trace_host; /* [21 * n_layer + 1] */
 };
 
+/* 1 if environment variable name is set to anything but "" or "0". */
+static int env_on(const char *name)
+{
+    const char *e = getenv(name);
+    return e && *e && strcmp(e, "0") != 0;
+}
+
 #ifdef STRATA_GPU_CUDA
 /* Load cuBLAS if this machine has it; without it the mat-mat kernels do the work. */
 static void blas_open(struct gpu_state *s)
 {
-    const char *off = getenv("STRATA_NO_BLAS");
-    if (off && *off && strcmp(off, "0") != 0)
+    if (env_on("STRATA_NO_BLAS"))
         return;
     const char *names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so", NULL};
     for (int i = 0; names[i] && !s->blas_lib; i++)
@@ -440,8 +446,7 @@ static void graphs_drop(struct gpu_state *s)
 static int mmh_alloc(struct gpu_state *s, size_t T, size_t A, size_t ffmax,
                      struct strata_err *err)
 {
-    const char *v1 = getenv("STRATA_MM_V1");
-    if ((v1 && *v1 && strcmp(v1, "0") != 0) || !s->ctx.info.has_mma_f16)
+    if (env_on("STRATA_MM_V1") || !s->ctx.info.has_mma_f16)
         return 0;
     size_t w = (size_t)s->n_embd;
     if ((size_t)s->n_q > w)
@@ -519,8 +524,7 @@ static void host_pageout(const struct strata_model *m, const void *p, size_t byt
 static void release_host_weights(const struct gpu_state *s)
 {
     const struct strata_model *m = s->m;
-    const char *keep = getenv("STRATA_KEEP_HOST_WEIGHTS");
-    if (keep && *keep && strcmp(keep, "0") != 0)
+    if (env_on("STRATA_KEEP_HOST_WEIGHTS"))
         return;
     host_pageout(m, m->tok_embd.data, weight_bytes(&m->tok_embd));
     if (m->output.data != m->tok_embd.data)
@@ -712,13 +716,6 @@ static int step_mv(const struct gpu_state *s, const struct strata_k_weight *w,
     return 1;
 }
 
-/* 1 if environment variable name is set to anything but "" or "0". */
-static int env_on(const char *name)
-{
-    const char *e = getenv(name);
-    return e && *e && strcmp(e, "0") != 0;
-}
-
 /* Set up the fused decode step (STRATA_FUSED_STEP=1) when this model and configuration
  * can take it: every layer MoE with an F32 router and 8-bit products, the default decode
  * kernels (8-bit attention output, fused routing, norms by their own launch), every
@@ -871,31 +868,22 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
                        "cudaStreamCreate", err)))
         goto out;
     {
-        const char *sd = getenv("STRATA_SYNC_DEBUG");
-        s->ctx.sync_debug = sd && *sd && strcmp(sd, "0") != 0;
-        const char *ng = getenv("STRATA_NO_GRAPH");
-        const char *pf = getenv("STRATA_GPU_PROFILE");
-        s->prof = pf && *pf && strcmp(pf, "0") != 0;
-        const char *nq = getenv("STRATA_NO_MVQ"), *nf = getenv("STRATA_FUSE");
-        s->use_q8 = !(nq && *nq && strcmp(nq, "0") != 0);
-        s->fuse = nf && *nf && strcmp(nf, "0") != 0;
-        const char *nb = getenv("STRATA_NO_BLAS_F32");
-        s->blas_f32 = !(nb && *nb && strcmp(nb, "0") != 0);
-        const char *nr = getenv("STRATA_NO_FUSE_ROUTE");
-        s->fuse_route = s->fuse || !(nr && *nr && strcmp(nr, "0") != 0);
-        const char *na = getenv("STRATA_NO_ATTQ"), *ni = getenv("STRATA_NO_PIN_IN");
-        s->attn_q8 = !(na && *na && strcmp(na, "0") != 0);
-        const char *ls = getenv("STRATA_ATT_LONG_SPLITS");
-        s->att_split_keys = ls && *ls && strcmp(ls, "0") != 0 ? 0 : 32;
-        s->pin_in = !(ni && *ni && strcmp(ni, "0") != 0);
+        s->ctx.sync_debug = env_on("STRATA_SYNC_DEBUG");
+        s->prof = env_on("STRATA_GPU_PROFILE");
+        s->use_q8 = !env_on("STRATA_NO_MVQ");
+        s->fuse = env_on("STRATA_FUSE");
+        s->blas_f32 = !env_on("STRATA_NO_BLAS_F32");
+        s->fuse_route = s->fuse || !env_on("STRATA_NO_FUSE_ROUTE");
+        s->attn_q8 = !env_on("STRATA_NO_ATTQ");
+        s->att_split_keys = env_on("STRATA_ATT_LONG_SPLITS") ? 0 : 32;
+        s->pin_in = !env_on("STRATA_NO_PIN_IN");
         const char *am = getenv("STRATA_ATT_MMA");
         s->att_mma = !(am && *am && strcmp(am, "0") == 0);
         /* programmatic dependent launches (sm_90+): each decode kernel is scheduled
          * while the one before it finishes; STRATA_NO_PDL=1 turns them off */
-        const char *np = getenv("STRATA_NO_PDL");
-        s->ctx.pdl = !s->ctx.sync_debug && !(np && *np && strcmp(np, "0") != 0) &&
+        s->ctx.pdl = !s->ctx.sync_debug && !env_on("STRATA_NO_PDL") &&
                      strncmp(s->ctx.info.arch, "sm_", 3) == 0 && atoi(s->ctx.info.arch + 3) >= 90;
-        s->use_graph = !s->ctx.sync_debug && !s->prof && !(ng && *ng && strcmp(ng, "0") != 0);
+        s->use_graph = !s->ctx.sync_debug && !s->prof && !env_on("STRATA_NO_GRAPH");
     }
     s->m = m;
     s->n_ctx = o->n_ctx;

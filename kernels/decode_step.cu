@@ -104,12 +104,11 @@ static __device__ void step_mv(const struct strata_k_step_mv &m, const uint8_t *
                                const int32_t *ids, const float *cw, int k, float *y,
                                const float *add)
 {
-    const int tpr = m.tpr, ne1 = m.ne1, nu = m.nu, ne0 = 32 * nu;
+    const int tpr = m.tpr, ne1 = m.ne1, nu = m.nu;
     const int gt = blockIdx.x * blockDim.x + threadIdx.x, gl = gt % tpr;
     const int gpp = gridDim.x * blockDim.x / tpr;              /* groups per pass */
     const int rg = (ne1 + R - 1) / R;                          /* row groups */
     const int wg = (gt - (int)(threadIdx.x % warpSize)) / tpr; /* the warp's first group */
-    const int items = COMB ? k * nu : nu;
     for (int g = gt / tpr, g0 = wg; g0 < rg; g += gpp, g0 += gpp) {
         /* groups past the last re-read the last rows (in bounds) and write nothing:
          * every lane of the warp must reach the shuffles */
@@ -121,35 +120,20 @@ static __device__ void step_mv(const struct strata_k_step_mv &m, const uint8_t *
             roff[r] = (size_t)min(r0 + r, ne1 - 1) * m.nb1;
             acc[r] = 0.0f;
         }
-        if (COMB) {
-#pragma unroll 4
-            for (int i = gl; i < items; i += tpr) {
-                const int j = i / nu, uu = i - j * nu;
-                const uint8_t *wb = m.w + (size_t)ids[j] * m.nb2;
-                const uint8_t *xr = xs + (size_t)j * xs_row;
-                const float c = cw[j];
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    acc[r] = fmaf(c,
-                                  mvq<T>::dot(wb + roff[r], uu, (const int8_t *)xr,
-                                              (const float *)(xr + ne0)),
-                                  acc[r]);
-            }
-        } else {
-            const int8_t *xq = (const int8_t *)xs;
-            const float *xd = (const float *)(xs + ne0);
-#pragma unroll 2
-            for (int i = gl; i < nu; i += tpr) {
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    acc[r] += mvq<T>::dot(m.w + roff[r], i, xq, xd);
-            }
-        }
+        if (COMB)
+            mvq_lane_sums_k<T, R>(
+                roff, gl, tpr, nu, k,
+                [&](int j, const uint8_t **wb, const uint8_t **xr, float *c) {
+                    *wb = m.w + (size_t)ids[j] * m.nb2;
+                    *xr = xs + (size_t)j * xs_row;
+                    *c = cw[j];
+                },
+                acc);
+        else
+            mvq_lane_sums<T, R, false>(m.w, NULL, roff, gl, tpr, nu, xs, acc, NULL);
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            float a = acc[r];
-            for (int mm = tpr / 2; mm > 0; mm >>= 1)
-                a += STRATA_SHFL_XOR(a, mm);
+            const float a = mvq_group_sum(acc[r], tpr);
             const int row = r0 + r;
             if (gl == 0 && g < rg && row < ne1)
                 y[row] = (add ? strata_ldcg_f(add + row) : 0.0f) + a;
@@ -166,14 +150,11 @@ template <int T, int R>
 static __device__ void step_glu(const struct strata_k_step_mv &m, const uint8_t *xs,
                                 const int32_t *ids, int k, uint8_t *yq, size_t yq_row, float *vb)
 {
-    const int tpr = m.tpr, gl = threadIdx.x % tpr, grp = threadIdx.x / tpr, nu = m.nu;
+    const int tpr = m.tpr, gl = threadIdx.x % tpr, grp = threadIdx.x / tpr;
     const int upe = m.ne1 / 32, units = upe * k;
-    const int8_t *xq = (const int8_t *)xs;
-    const float *xd = (const float *)(xs + 32 * nu);
     for (int u = blockIdx.x; u < units; u += gridDim.x) {
         const int j = u / upe, rb = (u - j * upe) * 32;
         const size_t base = (size_t)ids[j] * m.nb2;
-        const uint8_t *wr = m.w + base, *ur = m.u + base;
         size_t roff[R];
         float acc[R], acc2[R];
 #pragma unroll
@@ -182,21 +163,10 @@ static __device__ void step_glu(const struct strata_k_step_mv &m, const uint8_t 
             roff[r] = (size_t)(rb + min(grp * R + r, 31)) * m.nb1;
             acc[r] = acc2[r] = 0.0f;
         }
-#pragma unroll 2
-        for (int i = gl; i < nu; i += tpr) {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                acc[r] += mvq<T>::dot(wr + roff[r], i, xq, xd);
-                acc2[r] += mvq<T>::dot(ur + roff[r], i, xq, xd);
-            }
-        }
+        mvq_lane_sums<T, R, true>(m.w + base, m.u + base, roff, gl, tpr, m.nu, xs, acc, acc2);
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            float a = acc[r], b = acc2[r];
-            for (int mm = tpr / 2; mm > 0; mm >>= 1) {
-                a += STRATA_SHFL_XOR(a, mm);
-                b += STRATA_SHFL_XOR(b, mm);
-            }
+            const float a = mvq_group_sum(acc[r], tpr), b = mvq_group_sum(acc2[r], tpr);
             if (gl == 0 && grp * R + r < 32)
                 vb[grp * R + r] = a / (1.0f + expf(-a)) * b;
         }
@@ -259,12 +229,6 @@ static __device__ void step_glu_any(const struct strata_k_step_mv &m, const uint
 #undef STEP_GLU
 }
 
-/* Bytes of a q8 row of n values (strata_k_q8_row_bytes, on the device). */
-static __host__ __device__ inline size_t step_q8_row(int64_t n)
-{
-    return ((size_t)n + (size_t)n / 8 + 15) & ~(size_t)15;
-}
-
 /* The shared memory of a step block: one region the stages take in turn (the attention
  * tile, or the normed row as floats and q8, or staged q8 rows), then the routing. */
 struct step_smem_layout {
@@ -275,11 +239,11 @@ static __host__ __device__ inline struct step_smem_layout
 step_layout(int n_embd, int n_q, int n_expert, int k, int n_ff_exp)
 {
     struct step_smem_layout L;
-    size_t norm = 4 * (size_t)n_embd + step_q8_row(n_embd);
+    size_t norm = 4 * (size_t)n_embd + mvq_q8_row(n_embd);
     size_t reg = sizeof(struct att_smem);
     reg = reg > norm ? reg : norm;
-    reg = reg > step_q8_row(n_q) ? reg : step_q8_row(n_q);
-    reg = reg > (size_t)k * step_q8_row(n_ff_exp) ? reg : (size_t)k * step_q8_row(n_ff_exp);
+    reg = reg > mvq_q8_row(n_q) ? reg : mvq_q8_row(n_q);
+    reg = reg > (size_t)k * mvq_q8_row(n_ff_exp) ? reg : (size_t)k * mvq_q8_row(n_ff_exp);
     L.region = 0;
     L.logits = (reg + 15) & ~(size_t)15;
     L.ids = L.logits + 4 * (((size_t)n_expert + 3) & ~(size_t)3);
@@ -313,7 +277,7 @@ __global__ void __launch_bounds__(STEP_THREADS) decode_step_kernel(struct strata
     const int E = a.n_embd;
     float *xn = (float *)region;          /* stages 1, 5, 6: normed row */
     uint8_t *xq = region + 4 * (size_t)E; /* and as q8 */
-    const size_t act_row = step_q8_row(a.n_ff_exp);
+    const size_t act_row = mvq_q8_row(a.n_ff_exp);
     const int tid = threadIdx.x;
     int ts = 0; /* stages passed, for the trace */
     if (tid == 0) {
@@ -384,7 +348,7 @@ __global__ void __launch_bounds__(STEP_THREADS) decode_step_kernel(struct strata
         step_sync(a.bar, want, a.trace ? a.trace + 2 * (++ts) : NULL);
         if (!a.dry) {
             /* 4. attn_output + residual */
-            step_stage(region, a.attq, step_q8_row(a.n_q));
+            step_stage(region, a.attq, mvq_q8_row(a.n_q));
             __syncthreads();
             STEP_MID(4);
             step_mv_any<false>(Ly.wo, region, 0, NULL, NULL, 1, a.x, a.x);
@@ -400,13 +364,8 @@ __global__ void __launch_bounds__(STEP_THREADS) decode_step_kernel(struct strata
                 const float4 *wr = (const float4 *)(Ly.router + (size_t)e * E);
                 const float4 *xr = (const float4 *)xn;
                 float s = 0.0f;
-                for (int i = tid; i < E / 4; i += STEP_THREADS) {
-                    const float4 w4 = wr[i], b = xr[i];
-                    s = fmaf(w4.x, b.x, s);
-                    s = fmaf(w4.y, b.y, s);
-                    s = fmaf(w4.z, b.z, s);
-                    s = fmaf(w4.w, b.w, s);
-                }
+                for (int i = tid; i < E / 4; i += STEP_THREADS)
+                    s = fma4(wr[i], xr[i], s);
                 s = strata_block_sum(s, scratch);
                 if (tid == 0)
                     a.logits[e] = s;

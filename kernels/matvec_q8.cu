@@ -25,7 +25,7 @@
 
 size_t strata_k_q8_row_bytes(int64_t n)
 {
-    return ((size_t)n + (size_t)n / 8 + 15) & ~(size_t)15;
+    return mvq_q8_row(n);
 }
 
 __global__ void quantize_q8_kernel(const float *x, int64_t x_stride, int n, int norm,
@@ -99,7 +99,6 @@ __global__ void __launch_bounds__(512) mvq_kernel(struct mvq_params p)
     const int grp = threadIdx.x / tpr, groups = blockDim.x / tpr;
     const int r0 = (blockIdx.x * groups + grp) * R;
     const int s = blockIdx.y;
-    const int ne0 = p.nu * 32;
     /* rows past ne1 re-read the last row (in bounds) and are not written: every lane
      * must reach the shuffles */
     size_t roff[R];
@@ -133,21 +132,16 @@ __global__ void __launch_bounds__(512) mvq_kernel(struct mvq_params p)
     for (int r = 0; r < R; r++)
         acc[r] = acc2[r] = 0.0f;
     if (MODE == STRATA_K_MVQ_COMBINE) {
-        const int items = p.k * p.nu;
-#pragma unroll 4
-        for (int i = gl; i < items; i += tpr) {
-            int j = i / p.nu, uu = i - j * p.nu, sl = s * p.k + j;
-            const uint8_t *wb = p.tab ? p.tab[3 * (size_t)(p.tab_slot ? sl : p.ids[sl]) + 2]
-                                      : p.w + (size_t)p.ids[sl] * p.nb2;
-            const uint8_t *xr = p.xq + (size_t)(sl / p.x_group) * p.xq_row;
-            float cw = p.cw[sl];
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                acc[r] = fmaf(cw,
-                              mvq<T>::dot(wb + roff[r], uu, (const int8_t *)xr,
-                                          (const float *)(xr + ne0)),
-                              acc[r]);
-        }
+        mvq_lane_sums_k<T, R>(
+            roff, gl, tpr, p.nu, p.k,
+            [&](int j, const uint8_t **wb, const uint8_t **xr, float *cw) {
+                const int sl = s * p.k + j;
+                *wb = p.tab ? p.tab[3 * (size_t)(p.tab_slot ? sl : p.ids[sl]) + 2]
+                            : p.w + (size_t)p.ids[sl] * p.nb2;
+                *xr = p.xq + (size_t)(sl / p.x_group) * p.xq_row;
+                *cw = p.cw[sl];
+            },
+            acc);
     } else {
         const uint8_t *xr = STAGE ? stage : p.xq + (size_t)(s / p.x_group) * p.xq_row;
         const uint8_t *wr, *ur = NULL;
@@ -162,27 +156,14 @@ __global__ void __launch_bounds__(512) mvq_kernel(struct mvq_params p)
             if (MODE == STRATA_K_MVQ_GLU)
                 ur = p.u + base;
         }
-        const int8_t *xq = (const int8_t *)xr;
-        const float *xd = (const float *)(xr + ne0);
-#pragma unroll 2
-        for (int i = gl; i < p.nu; i += tpr) {
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                acc[r] += mvq<T>::dot(wr + roff[r], i, xq, xd);
-                if (MODE == STRATA_K_MVQ_GLU)
-                    acc2[r] += mvq<T>::dot(ur + roff[r], i, xq, xd);
-            }
-        }
+        mvq_lane_sums<T, R, MODE == STRATA_K_MVQ_GLU>(wr, ur, roff, gl, tpr, p.nu, xr, acc,
+                                                        acc2);
     }
     float out[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        float a = acc[r], b = acc2[r];
-        for (int m = tpr / 2; m > 0; m >>= 1) {
-            a += STRATA_SHFL_XOR(a, m);
-            if (MODE == STRATA_K_MVQ_GLU)
-                b += STRATA_SHFL_XOR(b, m);
-        }
+        const float a = mvq_group_sum(acc[r], tpr);
+        const float b = MODE == STRATA_K_MVQ_GLU ? mvq_group_sum(acc2[r], tpr) : 0.0f;
         int64_t o = (int64_t)s * p.y_stride + r0 + r;
         if (MODE == STRATA_K_MVQ_GLU)
             out[r] = a / (1.0f + expf(-a)) * b;

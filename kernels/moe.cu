@@ -58,21 +58,11 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
 #pragma unroll
         for (int j = 0; j < ROUTER_PRE; j++) {
             const int i = threadIdx.x + j * blockDim.x;
-            if (i < n4) {
-                const float4 b = xr[i];
-                s = fmaf(pre[j].x, b.x, s);
-                s = fmaf(pre[j].y, b.y, s);
-                s = fmaf(pre[j].z, b.z, s);
-                s = fmaf(pre[j].w, b.w, s);
-            }
+            if (i < n4)
+                s = fma4(pre[j], xr[i], s);
         }
-        for (int i = threadIdx.x + ROUTER_PRE * blockDim.x; i < n4; i += blockDim.x) {
-            const float4 a = wr[i], b = xr[i];
-            s = fmaf(a.x, b.x, s);
-            s = fmaf(a.y, b.y, s);
-            s = fmaf(a.z, b.z, s);
-            s = fmaf(a.w, b.w, s);
-        }
+        for (int i = threadIdx.x + ROUTER_PRE * blockDim.x; i < n4; i += blockDim.x)
+            s = fma4(wr[i], xr[i], s);
         s = strata_block_sum(s, red);
         if (threadIdx.x == 0)
             logits[(int64_t)t * n_expert + e] = s;

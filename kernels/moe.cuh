@@ -10,6 +10,16 @@
 #define ROUTE_MAX_EXPERT 1024
 #define ROUTE_WARPS (STRATA_GPU_BLOCK / 32) /* the most warps a block can hold */
 
+/* s + a . b, the four products added in order (x, y, z, w): the router's sum of a
+ * thread's part of a row, the same in every kernel that computes router logits. */
+static __device__ __forceinline__ float fma4(float4 a, float4 b, float s)
+{
+    s = fmaf(a.x, b.x, s);
+    s = fmaf(a.y, b.y, s);
+    s = fmaf(a.z, b.z, s);
+    return fmaf(a.w, b.w, s);
+}
+
 /* The routing of one token by one warp: p (shared memory) holds its n_expert logits;
  * the softmax and k rounds of a warp argmax, shuffles only; ids [k] and w [k] out. */
 static __device__ void route_warp(float *p, int n_expert, int k, int norm, float scale,

@@ -232,4 +232,67 @@ template <> struct mvq<KT_Q8_0> {
     }
 };
 
+/* ---- a lane's part of a row group's sums (mvq_kernel and the fused decode step) ----
+ * A row group of tpr lanes owns R rows (row r at byte offset roff[r]); lane gl adds its
+ * units gl, gl + tpr, ... in order, then mvq_group_sum adds the lanes by a fixed
+ * shuffle tree, so a row's sum depends on tpr only. */
+
+/* PLAIN and GLU: rows of w (and of u into acc2 with GLU) against the q8 row xr of nu
+ * units (its quants, then its block scales 32 nu bytes in). */
+template <int T, int R, bool GLU>
+static __device__ __forceinline__ void mvq_lane_sums(const uint8_t *w, const uint8_t *u,
+                                                     const size_t *roff, int gl, int tpr,
+                                                     int nu, const uint8_t *xr, float *acc,
+                                                     float *acc2)
+{
+    const int8_t *xq = (const int8_t *)xr;
+    const float *xd = (const float *)(xr + 32 * nu);
+#pragma unroll 2
+    for (int i = gl; i < nu; i += tpr) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            acc[r] += mvq<T>::dot(w + roff[r], i, xq, xd);
+            if (GLU)
+                acc2[r] += mvq<T>::dot(u + roff[r], i, xq, xd);
+        }
+    }
+}
+
+/* COMBINE: the k experts' rows, each dot weighted by its router weight; part(j, &w, &xr,
+ * &cw) gives expert j's matrix, q8 activation row and weight. */
+template <int T, int R, class PART>
+static __device__ __forceinline__ void mvq_lane_sums_k(const size_t *roff, int gl, int tpr,
+                                                       int nu, int k, PART part, float *acc)
+{
+    const int items = k * nu;
+#pragma unroll 4
+    for (int i = gl; i < items; i += tpr) {
+        const int j = i / nu, uu = i - j * nu;
+        const uint8_t *wb, *xr;
+        float cw;
+        part(j, &wb, &xr, &cw);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            acc[r] = fmaf(cw,
+                          mvq<T>::dot(wb + roff[r], uu, (const int8_t *)xr,
+                                      (const float *)(xr + 32 * nu)),
+                          acc[r]);
+    }
+}
+
+/* The row's sum: a over the group's tpr lanes, by the fixed shuffle tree. */
+static __device__ __forceinline__ float mvq_group_sum(float a, int tpr)
+{
+    for (int m = tpr / 2; m > 0; m >>= 1)
+        a += STRATA_SHFL_XOR(a, m);
+    return a;
+}
+
+/* Bytes of a q8 row of n values: n int8 quants and n / 32 float scales, padded to 16
+ * (strata_k_q8_row_bytes). */
+static __host__ __device__ inline size_t mvq_q8_row(int64_t n)
+{
+    return ((size_t)n + (size_t)n / 8 + 15) & ~(size_t)15;
+}
+
 #endif
