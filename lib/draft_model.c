@@ -24,7 +24,36 @@ struct model_state {
     int32_t piece;           /* most tokens of a catch-up batch without logits */
     int32_t logits_at;       /* logits follow the draft's first logits_at positions
                                 (-1: none) */
+    /* The draft's context: hist[0, keep) then hist[keep + skip, n_hist) (skip 0: the
+     * whole history), built in view[view_cap] when skip > 0 */
+    int32_t keep, skip;
+    int32_t *view;
+    size_t view_cap;
 };
+
+/* The draft's context of hist (hist itself while nothing is skipped); NULL when
+ * out of memory. */
+static const int32_t *view_of(struct model_state *st, const int32_t *hist, int32_t n_hist,
+                              int32_t *n_view)
+{
+    *n_view = n_hist;
+    if (st->skip == 0)
+        return hist;
+    const int32_t n = n_hist - st->skip;
+    if ((size_t)n > st->view_cap) {
+        size_t cap = 2 * (size_t)n;
+        int32_t *v = realloc(st->view, cap * sizeof *v);
+        if (!v)
+            return NULL;
+        st->view = v;
+        st->view_cap = cap;
+    }
+    memcpy(st->view, hist, (size_t)st->keep * sizeof *hist);
+    memcpy(st->view + st->keep, hist + st->keep + st->skip,
+           (size_t)(n - st->keep) * sizeof *hist);
+    *n_view = n;
+    return st->view;
+}
 
 /* Greedy drafting from the logits after the draft's last position: n_max tokens,
  * each the argmax after the one before. */
@@ -50,31 +79,56 @@ static int model_propose(void *state, const int32_t *hist, int32_t n_hist, int32
                          int32_t *out, int32_t *n_out, struct strata_err *err)
 {
     struct model_state *st = state;
-    const int32_t nv = strata_engine_n_vocab(st->e);
+    const int32_t nv = strata_engine_n_vocab(st->e), n_ctx = strata_engine_n_ctx(st->e);
     int rc;
     *n_out = 0;
-    /* room in the draft's context: the history plus n_max - 1 drafted tokens */
-    int32_t room = strata_engine_n_ctx(st->e) - n_hist + 1;
-    if (n_max > room)
-        n_max = room;
-    if (n_max < 0 || room <= 0)
+    if (n_max < 0)
         return 0;
     for (int32_t i = 0; i < n_hist; i++)
         if (hist[i] < 0 || hist[i] >= nv)
             return 0; /* image positions: nothing the draft can read */
-    int32_t common = strata_engine_common_prefix(st->e, hist, n_hist);
-    if (common == n_hist && strata_engine_n_past(st->e) == n_hist && st->logits_at == n_hist)
+    /* a history that no longer holds the skipped part after the kept prefix (another
+     * generation) is read whole again */
+    if (st->skip && (n_hist <= st->keep + st->skip ||
+                     strata_engine_common_prefix(st->e, hist, st->keep) < st->keep))
+        st->keep = st->skip = 0;
+    int32_t n_view;
+    const int32_t *v = view_of(st, hist, n_hist, &n_view);
+    if (!v)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    int32_t common = strata_engine_common_prefix(st->e, v, n_view);
+    /* Skip the middle of what the draft has not seen when that is a plain run longer
+     * than STRATA_SPEC_CATCHUP (n_max 0, see spec.h): the draft keeps what it has and
+     * reads the last STRATA_SPEC_CATCHUP tokens after it; or when its context has no
+     * room for the window's drafts: it keeps the first half of its context. */
+    const int full = n_view + (n_max > 0 ? n_max - 1 : 0) > n_ctx;
+    if (full || (n_max == 0 && n_view - common > STRATA_SPEC_CATCHUP)) {
+        int32_t keep = st->skip ? st->keep : full ? n_ctx / 2 : common;
+        if (full && keep > n_ctx / 2)
+            keep = n_ctx / 2;
+        if (keep + STRATA_SPEC_CATCHUP + n_max - 1 > n_ctx)
+            keep = n_ctx - STRATA_SPEC_CATCHUP - n_max + 1;
+        if (keep < 0 || n_hist - STRATA_SPEC_CATCHUP <= keep)
+            return 0; /* a context too small for STRATA_SPEC_CATCHUP tokens: no drafts */
+        st->keep = keep;
+        st->skip = n_hist - STRATA_SPEC_CATCHUP - keep;
+        if (!(v = view_of(st, hist, n_hist, &n_view)))
+            return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        common = strata_engine_common_prefix(st->e, v, n_view);
+    }
+    if (common == n_view && strata_engine_n_past(st->e) == n_view && st->logits_at == n_view)
         return draft_from(st, n_max, out, n_out, err); /* caught up already (n_max 0) */
-    if (common == n_hist)
+    if (common == n_view)
         common--; /* the last position must be evaluated for its logits */
     /* Catch up on the tokens the draft has not seen.  Drafting windows leave it one
-     * or two behind; after the back-off's plain run it is the whole run (the draft
-     * does not run while no window drafts).  Three or more go as batches without
-     * logits and then the last token alone, so the only batch sizes that ask for
-     * logits are 1 and 2: a GPU backend captures a graph per size that asks for logits
-     * (about a millisecond each, on the first use of the size) and the catch-up after
-     * a plain run has a new size every time. */
-    int32_t n_new = n_hist - common;
+     * or two behind; after the back-off's plain run it is the run's last
+     * STRATA_SPEC_CATCHUP tokens (the draft does not run while no window drafts), and
+     * at the first window of a generation the prompt.  Three or more go as batches
+     * without logits and then the last token alone, so the only batch sizes that ask
+     * for logits are 1 and 2: a GPU backend captures a graph per size that asks for
+     * logits (about a millisecond each, on the first use of the size) and a prompt
+     * has a new size every time. */
+    int32_t n_new = n_view - common;
     st->logits_at = -1;
     if ((rc = strata_engine_rollback(st->e, common, err)))
         return rc;
@@ -86,24 +140,26 @@ static int model_propose(void *state, const int32_t *hist, int32_t n_hist, int32
      * takes it whole (one pass over the draft's weights; st->piece). */
     for (int32_t done = 0, todo = n_new > 2 ? n_new - 1 : 0; todo > 0;) {
         int32_t c = todo < st->piece ? todo : st->piece;
-        if ((rc = strata_engine_eval(st->e, hist + common + done, c, STRATA_LOGITS_NONE, NULL,
+        if ((rc = strata_engine_eval(st->e, v + common + done, c, STRATA_LOGITS_NONE, NULL,
                                      err)))
             return rc;
         done += c;
         todo -= c;
     }
-    if ((rc = strata_engine_eval(st->e, hist + n_hist - (n_new > 2 ? 1 : n_new),
+    if ((rc = strata_engine_eval(st->e, v + n_view - (n_new > 2 ? 1 : n_new),
                                  n_new > 2 ? 1 : n_new, STRATA_LOGITS_LAST, st->logits, err)))
         return rc;
-    st->logits_at = n_hist;
+    st->logits_at = n_view;
     return draft_from(st, n_max, out, n_out, err);
 }
 
 static void model_free(void *state)
 {
     struct model_state *st = state;
-    if (st)
+    if (st) {
         free(st->logits);
+        free(st->view);
+    }
     free(st);
 }
 

@@ -153,8 +153,22 @@ int32_t strata_draft_ngram(const int32_t *hist, int32_t n_hist, int ngram_min, i
 int strata_draft_ngram_init(struct strata_spec_draft *d, int ngram_min, int ngram_max,
                             struct strata_err *err);
 
+/* Most tokens a draft model catches up on after a run of plain steps (the
+ * n_max 0 call above, before a probe of the back-off), during which it did not
+ * run.  Past this its context becomes what it had seen up to where it fell behind,
+ * followed by the last STRATA_SPEC_CATCHUP tokens: a probe then costs at most this
+ * many positions, however long the wait before it (a full catch-up costs about 4%
+ * of the wait's plain steps on an H200 with tinydraft: 6 us a token against 0.14 ms
+ * a step, so doubling the wait would not make probing cheaper).  The drafts
+ * depend on it, the target's output never does. */
+#define STRATA_SPEC_CATCHUP 32
+
 /* A draft backed by a model's engine (not owned).  Greedy: each drafted
- * token is the argmax after the previous one.  A draft engine with an empty
+ * token is the argmax after the previous one.  Its context is the target's
+ * history, except that a catch-up after plain steps keeps only the last
+ * STRATA_SPEC_CATCHUP tokens of the run (above), and that a draft whose kv cache
+ * is full continues from the first half of its context and the last
+ * STRATA_SPEC_CATCHUP tokens.  A draft engine with an empty
  * kv cache is warmed up here (a few forward calls of the shapes drafting uses,
  * then rolled back to empty), so one-time backend costs fall at open, not on
  * the first drafting windows.  Errors: STRATA_E_INVALID (the vocabularies'
