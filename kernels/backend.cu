@@ -877,6 +877,8 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         s->attn_q8 = !env_on("STRATA_NO_ATTQ");
         s->att_split_keys = env_on("STRATA_ATT_LONG_SPLITS") ? 0 : 32;
         s->pin_in = !env_on("STRATA_NO_PIN_IN");
+        const char *tc = getenv("STRATA_MVQ_TPR"); /* lanes per row of the 8-bit mat-vecs */
+        strata_k_mvq_set_tpr_cap(tc ? atoi(tc) : 32);
         const char *am = getenv("STRATA_ATT_MMA");
         s->att_mma = !(am && *am && strcmp(am, "0") == 0);
         /* programmatic dependent launches (sm_90+): each decode kernel is scheduled

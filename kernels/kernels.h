@@ -451,8 +451,15 @@ struct strata_k_step_args {
 };
 
 /* Lanes per row of an 8-bit-activation product of nu units per row and k experts
- * summed per row: strata_k_matvec_q8's choice, which fixes the sums' order. */
+ * summed per row: strata_k_matvec_q8's choice, which fixes the sums' order.  At most
+ * the cap (strata_k_mvq_set_tpr_cap). */
 int strata_k_mvq_tpr(int nu, int k);
+
+/* The most lanes per row of the 8-bit-activation products from now on: 4, 8, 16, or 32
+ * (any other value; the default).  A measurement switch (the backend sets it at start
+ * from STRATA_MVQ_TPR): set it before any product runs, not between a decode and the
+ * windows it must equal. */
+void strata_k_mvq_set_tpr_cap(int cap);
 
 /* 1 if the step kernel can run this model's shapes (head dim 32, 64 or 128, n_embd and
  * n_ff_exp multiples of 32, n_expert <= 1024, k <= 32). */

@@ -212,10 +212,17 @@ __global__ void __launch_bounds__(512) mvq_kernel(struct mvq_params p)
     }
 }
 
+static int mvq_tpr_cap = 32; /* strata_k_mvq_set_tpr_cap */
+
+void strata_k_mvq_set_tpr_cap(int cap)
+{
+    mvq_tpr_cap = cap == 4 || cap == 8 || cap == 16 ? cap : 32;
+}
+
 int strata_k_mvq_tpr(int nu, int k)
 {
-    /* each lane gets at least two units where the row has them */
-    int items = nu * k, tpr = 32;
+    /* at most the cap, and each lane gets at least two units where the row has them */
+    int items = nu * k, tpr = mvq_tpr_cap;
     while (tpr > 4 && 2 * tpr > items)
         tpr /= 2;
     return tpr;
