@@ -27,9 +27,22 @@ struct model_state {
     /* The draft's context: hist[0, keep) then hist[keep + skip, n_hist) (skip 0: the
      * whole history), built in view[view_cap] when skip > 0 */
     int32_t keep, skip;
+    uint64_t skipped; /* hash of hist[keep, keep + skip): the same history goes on */
     int32_t *view;
     size_t view_cap;
 };
+
+/* FNV-1a over n token ids (tells another history from the one whose middle was
+ * skipped). */
+static uint64_t ids_hash(const int32_t *ids, int32_t n)
+{
+    uint64_t h = 14695981039346656037ull;
+    for (int32_t i = 0; i < n; i++) {
+        h ^= (uint32_t)ids[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
 
 /* The draft's context of hist (hist itself while nothing is skipped); NULL when
  * out of memory. */
@@ -84,13 +97,16 @@ static int model_propose(void *state, const int32_t *hist, int32_t n_hist, int32
     *n_out = 0;
     if (n_max < 0)
         return 0;
+    if (n_max > n_ctx)
+        n_max = n_ctx;
     for (int32_t i = 0; i < n_hist; i++)
         if (hist[i] < 0 || hist[i] >= nv)
             return 0; /* image positions: nothing the draft can read */
-    /* a history that no longer holds the skipped part after the kept prefix (another
+    /* a history that no longer holds the kept prefix and the skipped part (another
      * generation) is read whole again */
     if (st->skip && (n_hist <= st->keep + st->skip ||
-                     strata_engine_common_prefix(st->e, hist, st->keep) < st->keep))
+                     strata_engine_common_prefix(st->e, hist, st->keep) < st->keep ||
+                     ids_hash(hist + st->keep, st->skip) != st->skipped))
         st->keep = st->skip = 0;
     int32_t n_view;
     const int32_t *v = view_of(st, hist, n_hist, &n_view);
@@ -100,18 +116,20 @@ static int model_propose(void *state, const int32_t *hist, int32_t n_hist, int32
     /* Skip the middle of what the draft has not seen when that is a plain run longer
      * than STRATA_SPEC_CATCHUP (n_max 0, see spec.h): the draft keeps what it has and
      * reads the last STRATA_SPEC_CATCHUP tokens after it; or when its context has no
-     * room for the window's drafts: it keeps the first half of its context. */
+     * room for the window's drafts: it keeps at most the first half of its context. */
     const int full = n_view + (n_max > 0 ? n_max - 1 : 0) > n_ctx;
     if (full || (n_max == 0 && n_view - common > STRATA_SPEC_CATCHUP)) {
         int32_t keep = st->skip ? st->keep : full ? n_ctx / 2 : common;
         if (full && keep > n_ctx / 2)
             keep = n_ctx / 2;
-        if (keep + STRATA_SPEC_CATCHUP + n_max - 1 > n_ctx)
-            keep = n_ctx - STRATA_SPEC_CATCHUP - n_max + 1;
+        const int32_t more = n_max > 0 ? n_max - 1 : 0; /* the drafts after the last */
+        if (keep + STRATA_SPEC_CATCHUP + more > n_ctx)
+            keep = n_ctx - STRATA_SPEC_CATCHUP - more;
         if (keep < 0 || n_hist - STRATA_SPEC_CATCHUP <= keep)
             return 0; /* a context too small for STRATA_SPEC_CATCHUP tokens: no drafts */
         st->keep = keep;
         st->skip = n_hist - STRATA_SPEC_CATCHUP - keep;
+        st->skipped = ids_hash(hist + keep, st->skip);
         if (!(v = view_of(st, hist, n_hist, &n_view)))
             return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
         common = strata_engine_common_prefix(st->e, v, n_view);

@@ -167,8 +167,8 @@ int strata_draft_ngram_init(struct strata_spec_draft *d, int ngram_min, int ngra
  * token is the argmax after the previous one.  Its context is the target's
  * history, except that a catch-up after plain steps keeps only the last
  * STRATA_SPEC_CATCHUP tokens of the run (above), and that a draft whose kv cache
- * is full continues from the first half of its context and the last
- * STRATA_SPEC_CATCHUP tokens.  A draft engine with an empty
+ * is full continues from at most the first half of its context and the last
+ * STRATA_SPEC_CATCHUP tokens.  Another history (a new generation) is read whole.  A draft engine with an empty
  * kv cache is warmed up here (a few forward calls of the shapes drafting uses,
  * then rolled back to empty), so one-time backend costs fall at open, not on
  * the first drafting windows.  Errors: STRATA_E_INVALID (the vocabularies'

@@ -345,6 +345,33 @@ static void draft_catchup(void)
        err.msg);
     if (dd.state)
         dd.free(dd.state);
+    dd.state = NULL;
+    model_close(&d);
+    /* a fresh draft whose first call is a probe keeps nothing and skips to the last 32;
+     * another history after it is still read whole */
+    memset(&d, 0, sizeof d);
+    rc = model_open(&d, dname, &err) || strata_draft_model_init(&dd, d.e, t.e, &err) ||
+         dd.propose(dd.state, ids, 100, 0, out, &n_out, &err);
+    int32_t probed = rc ? -1 : strata_engine_n_past(d.e);
+    rc = rc || dd.propose(dd.state, ids + 3, 150, 3, out, &n_out, &err);
+    ok(rc == 0 && probed == STRATA_SPEC_CATCHUP && strata_engine_n_past(d.e) == 152,
+       "a first call that is a probe reads %d tokens (%d), then another history of 150 is "
+       "read whole: %d positions (152) (%s)", probed, STRATA_SPEC_CATCHUP,
+       strata_engine_n_past(d.e), err.msg);
+    if (dd.state)
+        dd.free(dd.state);
+    dd.state = NULL;
+    model_close(&d);
+    /* a draft of 48 positions whose probe finds 60 tokens: no error, the context fits */
+    memset(&d, 0, sizeof d);
+    rc = model_open_ctx(&d, dname, 48, &err) || strata_draft_model_init(&dd, d.e, t.e, &err) ||
+         dd.propose(dd.state, ids, 60, 0, out, &n_out, &err) ||
+         dd.propose(dd.state, ids, 61, 2, out, &n_out, &err);
+    ok(rc == 0 && strata_engine_n_past(d.e) <= 48 && n_out == 2,
+       "a draft of 48 positions probing 60 tokens, then drafting 2: %d positions (<= 48), "
+       "%d drafts (%s)", strata_engine_n_past(d.e), n_out, err.msg);
+    if (dd.state)
+        dd.free(dd.state);
 out:
     free(ids);
     model_close(&d);
