@@ -58,7 +58,10 @@ static const char usage_text[] =
     "      --seed S            RNG seed (default 0)\n"
     "      --stop TEXT         stop string (repeatable)\n"
     "      --ignore-eos        do not stop at end-of-generation tokens\n"
-    "      --top-logprobs N    alternatives per token in --json (0..20)\n"
+    "      --logprobs          each token's logprob in --json (a pass over the\n"
+    "                          vocabulary per token)\n"
+    "      --top-logprobs N    alternatives per token in --json (0..20; implies\n"
+    "                          --logprobs)\n"
     "      --spec T            speculative decoding: verify up to T drafted tokens per\n"
     "                          step (0..16; default 0 = plain decoding); same output\n"
     "      --spec-mode M       ngram (prompt lookup), draft (--draft), mtp, auto\n"
@@ -613,7 +616,8 @@ static int on_token(const struct strata_gen_token *t, void *ud)
         cJSON_AddStringToObject(j, "text", txt);
         free(txt);
     }
-    cJSON_AddNumberToObject(j, "logprob", t->logprob);
+    if (g->o->gp.logprobs || t->n_top > 0)
+        cJSON_AddNumberToObject(j, "logprob", t->logprob);
     if (t->n_top > 0) {
         cJSON *a = cJSON_AddArrayToObject(j, "top_logprobs");
         for (int i = 0; i < t->n_top; i++) {
@@ -1203,7 +1207,7 @@ out:
 
 enum {
     OPT_ECHO = 256, OPT_JSON, OPT_TEMP, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_RPEN, OPT_RLAST,
-    OPT_PPEN, OPT_FPEN, OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_TOPLP, OPT_PREFILL, OPT_KV,
+    OPT_PPEN, OPT_FPEN, OPT_SEED, OPT_STOP, OPT_IGNORE_EOS, OPT_TOPLP, OPT_LOGPROBS, OPT_PREFILL, OPT_KV,
     OPT_BACKEND, OPT_PPL, OPT_CHUNKS, OPT_DUMP, OPT_IDS, OPT_BENCH,
     OPT_TOKENIZE, OPT_DETOKENIZE, OPT_ADD_BOS, OPT_NO_SPECIAL,
     OPT_SERVE_STDIO,
@@ -1406,6 +1410,7 @@ int main(int argc, char **argv)
         {"stop", required_argument, NULL, OPT_STOP},
         {"ignore-eos", no_argument, NULL, OPT_IGNORE_EOS},
         {"top-logprobs", required_argument, NULL, OPT_TOPLP},
+        {"logprobs", no_argument, NULL, OPT_LOGPROBS},
         {"threads", required_argument, NULL, 't'},
         {"ctx", required_argument, NULL, 'c'},
         {"prefill", required_argument, NULL, OPT_PREFILL},
@@ -1495,6 +1500,7 @@ int main(int argc, char **argv)
             }
             break;
         case OPT_IGNORE_EOS: o.gp.ignore_eog = 1; break;
+        case OPT_LOGPROBS: o.gp.logprobs = 1; break;
         case OPT_TOPLP: bad = parse_int("--top-logprobs", optarg, 0, STRATA_GEN_MAX_TOP,
                                         &o.gp.n_top_logprobs); break;
         case 't': bad = parse_int("--threads", optarg, 1, 512, &o.eo.n_threads); break;

@@ -219,7 +219,8 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
         }
         float lp = 0;
         int n_top = p->n_top_logprobs;
-        int32_t id = strata_sampler_sample(smp, cur, &lp, n_top ? top : NULL, n_top);
+        int32_t id = strata_sampler_sample(smp, cur, p->logprobs || n_top ? &lp : NULL,
+                                           n_top ? top : NULL, n_top);
         if (!p->ignore_eog && strata_vocab_is_eog(v, id)) {
             res->stop_reason = STRATA_STOP_EOG;
             break;

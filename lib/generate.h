@@ -49,6 +49,12 @@ struct strata_gen_params {
     size_t n_stop;
     int ignore_eog;           /* keep going past EOS/EOT */
     int n_top_logprobs;       /* 0 .. STRATA_GEN_MAX_TOP alternatives per token */
+    int logprobs;             /* 1: each token's own logprob (strata_gen_token.logprob,
+                                 else 0; also with n_top_logprobs > 0).  Off by
+                                 default: it is a pass over the vocabulary's logits per
+                                 token (log-sum-exp), about 0.7 ms on one core for
+                                 151,936 tokens, as long as a whole decode step of a
+                                 large MoE on a GPU */
     int special;              /* render control tokens as text in the output */
     struct strata_spec *spec; /* speculative decoding (spec.h; not owned), or NULL:
                                  one token per forward call */
@@ -68,7 +74,8 @@ struct strata_gen_token {
     int32_t id;
     const char *text;  /* bytes released now (may be empty, see above) */
     size_t text_len;
-    float logprob;     /* log-probability of id under the raw logits */
+    float logprob;     /* log-probability of id under the raw logits (0 unless
+                          strata_gen_params.logprobs or n_top_logprobs) */
     const struct strata_token_prob *top; /* [n_top] best alternatives */
     int n_top;
     int32_t index;     /* 0 for the first generated token */

@@ -42,6 +42,7 @@ struct loop {
     struct strata_err werr;
     /* the generation in progress */
     const char *gen_id;
+    int logprobs;     /* token events carry "logprob" */
     int cancel;
     char *tail_text;  /* text released by the final flush */
     size_t tail_len;
@@ -174,7 +175,8 @@ static int on_token(const struct strata_gen_token *t, void *ud)
     const char *piece = strata_vocab_token_bytes(L->v, t->id, &pl);
     add_text(ev, "piece", piece ? piece : "", pl);
     add_text(ev, "text", t->text, t->text_len);
-    cJSON_AddNumberToObject(ev, "logprob", t->logprob);
+    if (L->logprobs)
+        cJSON_AddNumberToObject(ev, "logprob", t->logprob);
     if (t->n_top > 0 && t->top) {
         cJSON *top = cJSON_AddArrayToObject(ev, "top");
         for (int i = 0; i < t->n_top; i++) {
@@ -463,6 +465,7 @@ static int do_generate(struct loop *L, const cJSON *q, const char *id)
     p.n_predict = (int32_t)num(q, "max_tokens", -1, NULL);
     int top = (int)num(q, "top_logprobs", 0, NULL);
     p.n_top_logprobs = top < 0 ? 0 : top > STRATA_GEN_MAX_TOP ? STRATA_GEN_MAX_TOP : top;
+    p.logprobs = flag(q, "logprobs", 0) || p.n_top_logprobs > 0;
     p.ignore_eog = flag(q, "ignore_eos", 0);
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(q, "stop");
     if (cJSON_IsArray(st) && cJSON_GetArraySize(st) > 0) {
@@ -489,6 +492,7 @@ static int do_generate(struct loop *L, const cJSON *q, const char *id)
         goto out;
     }
     L->gen_id = id;
+    L->logprobs = p.logprobs;
     L->cancel = 0;
     free(L->tail_text);
     L->tail_text = NULL;

@@ -21,11 +21,30 @@ check "bad --top-p: exit 2, named" bash -c "test $rc -eq 2 && grep -q \"invalid 
 check "-n 0: exit 0" test $rc -eq 0
 check "-n 0: no token events" test "$(grep -c '"id"' "$T/j0")" -eq 0
 check "-n 0: summary n_gen 0" grep -q '"n_gen":0' "$T/j0"
-"$G" -m "$M" -p "Once upon a time" -n 1 --json -t 2 --temp 0 >"$T/j1"; rc=$?
+"$G" -m "$M" -p "Once upon a time" -n 1 --json -t 2 --temp 0 --logprobs >"$T/j1"; rc=$?
 check "-n 1: exactly one token event" test "$(grep -c '"id"' "$T/j1")" -eq 1
-check "-n 1: token has text and logprob" grep -q '"id":[0-9]*,"text":".*","logprob":-\?[0-9]' "$T/j1"
+check "-n 1 --logprobs: token has text and logprob" grep -q '"id":[0-9]*,"text":".*","logprob":-\?[0-9]' "$T/j1"
+"$G" -m "$M" -p "Once upon a time" -n 1 --json -t 2 --temp 0 >"$T/j1n"
+check "-n 1 without --logprobs: token has text, no logprob" \
+    bash -c "grep -q '\"id\":[0-9]*,\"text\":' '$T/j1n' && ! grep -q logprob '$T/j1n'"
 check "-n 1: summary" grep -q '"done":true.*"n_gen":1.*"stop_reason":"length"' "$T/j1"
 check "summary has prefill and decode tok/s" grep -q '"prefill_tps":.*"decode_tps":' "$T/j1"
+
+# the engine protocol: token events carry "logprob" only when the request asks
+coproc ENG { "$G" -m "$M" -t 2 --serve-stdio --no-selftest 2>/dev/null; }
+echo '{"type":"generate","id":"a","prompt":"Once","max_tokens":2,"temperature":0}' >&"${ENG[1]}"
+echo '{"type":"generate","id":"b","prompt":"Once","max_tokens":2,"temperature":0,"logprobs":true}' >&"${ENG[1]}"
+: >"$T/ev"
+while IFS= read -r -t 60 line <&"${ENG[0]}"; do
+    echo "$line" >>"$T/ev"
+    case $line in *'"type":"done","id":"b"'*) break ;; esac
+done
+echo '{"type":"shutdown"}' >&"${ENG[1]}"
+wait "$ENG_PID" 2>/dev/null
+check "engine protocol: 2 token events without logprob when not asked" \
+    test "$(grep '"type":"token","id":"a"' "$T/ev" | grep -vc logprob)" -eq 2
+check "engine protocol: 2 token events with a logprob when asked (\"logprobs\":true)" \
+    test "$(grep '"type":"token","id":"b"' "$T/ev" | grep -c '"logprob":-')" -eq 2
 
 # stop string: the text stops before it, the reason says so
 "$G" -m "$M" -p "Once upon a time" -n 64 --temp 0 --stop "little g" -t 2 >"$T/s" 2>/dev/null
