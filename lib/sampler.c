@@ -186,11 +186,19 @@ static int cand_cmp(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* 1 if apply_penalties would change any logit. */
+static int penalties_on(const struct strata_sampler *s)
+{
+    const struct strata_sampler_params *p = &s->p;
+    return !(p->penalty_last_n == 0 || s->n_hist == 0 ||
+             (p->repeat_penalty == 1.0f && p->presence_penalty == 0 &&
+              p->frequency_penalty == 0));
+}
+
 static void apply_penalties(struct strata_sampler *s, float *l)
 {
     const struct strata_sampler_params *p = &s->p;
-    if (p->penalty_last_n == 0 || s->n_hist == 0 ||
-        (p->repeat_penalty == 1.0f && p->presence_penalty == 0 && p->frequency_penalty == 0))
+    if (!penalties_on(s))
         return;
     size_t n = p->penalty_last_n < 0 ? s->n_hist
                : (size_t)p->penalty_last_n < s->n_hist ? (size_t)p->penalty_last_n
@@ -244,10 +252,14 @@ int32_t strata_sampler_sample(struct strata_sampler *s, const float *logits, flo
 {
     const struct strata_sampler_params *p = &s->p;
     const int32_t nv = s->n_vocab;
-    float *l = s->work;
+    const float *l = logits;
     int32_t id;
-    memcpy(l, logits, (size_t)nv * sizeof *l);
-    apply_penalties(s, l);
+    if (penalties_on(s)) {
+        /* a copy only when penalties change it (608 KB a token at 151,936 tokens) */
+        memcpy(s->work, logits, (size_t)nv * sizeof *s->work);
+        apply_penalties(s, s->work);
+        l = s->work;
+    }
 
     if (p->temperature <= 0) {
         id = strata_sampler_argmax(l, nv);
