@@ -203,6 +203,15 @@ static double num(const cJSON *q, const char *key, double d, int *present)
     return cJSON_IsNumber(v) ? v->valuedouble : d;
 }
 
+/* num() as an integer, clamped to [lo, hi] before the conversion (a double outside
+ * the integer's range converts to anything). */
+static int64_t inum(const cJSON *q, const char *key, int64_t d, int64_t lo, int64_t hi,
+                    int *present)
+{
+    double v = num(q, key, (double)d, present);
+    return !(v >= (double)lo) ? lo : v >= (double)hi ? hi : (int64_t)v;
+}
+
 static int flag(const cJSON *q, const char *key, int d)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(q, key);
@@ -441,9 +450,9 @@ static int do_generate(struct loop *L, const cJSON *q, const char *id)
     d = num(q, "temperature", 0, &has);
     if (has)
         p.sampling.temperature = (float)d;
-    d = num(q, "top_k", 0, &has);
+    int64_t iv = inum(q, "top_k", 0, INT32_MIN, INT32_MAX, &has);
     if (has)
-        p.sampling.top_k = (int32_t)d;
+        p.sampling.top_k = (int32_t)iv;
     d = num(q, "top_p", 0, &has);
     if (has)
         p.sampling.top_p = (float)d;
@@ -459,12 +468,11 @@ static int do_generate(struct loop *L, const cJSON *q, const char *id)
     d = num(q, "frequency_penalty", 0, &has);
     if (has)
         p.sampling.frequency_penalty = (float)d;
-    d = num(q, "seed", 0, &has);
+    iv = inum(q, "seed", 0, INT64_MIN, INT64_MAX, &has);
     if (has)
-        p.sampling.seed = (uint64_t)(int64_t)d;
-    p.n_predict = (int32_t)num(q, "max_tokens", -1, NULL);
-    int top = (int)num(q, "top_logprobs", 0, NULL);
-    p.n_top_logprobs = top < 0 ? 0 : top > STRATA_GEN_MAX_TOP ? STRATA_GEN_MAX_TOP : top;
+        p.sampling.seed = (uint64_t)iv;
+    p.n_predict = (int32_t)inum(q, "max_tokens", -1, -1, INT32_MAX, NULL);
+    p.n_top_logprobs = (int)inum(q, "top_logprobs", 0, 0, STRATA_GEN_MAX_TOP, NULL);
     p.logprobs = flag(q, "logprobs", 0) || p.n_top_logprobs > 0;
     p.ignore_eog = flag(q, "ignore_eos", 0);
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(q, "stop");

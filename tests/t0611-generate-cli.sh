@@ -34,10 +34,11 @@ check "summary has prefill and decode tok/s" grep -q '"prefill_tps":.*"decode_tp
 coproc ENG { "$G" -m "$M" -t 2 --serve-stdio --no-selftest 2>/dev/null; }
 echo '{"type":"generate","id":"a","prompt":"Once","max_tokens":2,"temperature":0}' >&"${ENG[1]}"
 echo '{"type":"generate","id":"b","prompt":"Once","max_tokens":2,"temperature":0,"logprobs":true}' >&"${ENG[1]}"
+echo '{"type":"generate","id":"c","prompt":"Once","max_tokens":1,"temperature":0,"top_logprobs":1e10}' >&"${ENG[1]}"
 : >"$T/ev"
 while IFS= read -r -t 60 line <&"${ENG[0]}"; do
     echo "$line" >>"$T/ev"
-    case $line in *'"type":"done","id":"b"'*) break ;; esac
+    case $line in *'"type":"done","id":"c"'*) break ;; esac
 done
 echo '{"type":"shutdown"}' >&"${ENG[1]}"
 wait "$ENG_PID" 2>/dev/null
@@ -45,6 +46,8 @@ check "engine protocol: 2 token events without logprob when not asked" \
     test "$(grep '"type":"token","id":"a"' "$T/ev" | grep -vc logprob)" -eq 2
 check "engine protocol: 2 token events with a logprob when asked (\"logprobs\":true)" \
     test "$(grep '"type":"token","id":"b"' "$T/ev" | grep -c '"logprob":-')" -eq 2
+check "engine protocol: top_logprobs 1e10 is taken as 20 (a logprob and 20 alternatives)" \
+    test "$(grep '"type":"token","id":"c"' "$T/ev" | grep '"logprob":-' | grep -o '"tok":' | wc -l)" -eq 21
 
 # stop string: the text stops before it, the reason says so
 "$G" -m "$M" -p "Once upon a time" -n 64 --temp 0 --stop "little g" -t 2 >"$T/s" 2>/dev/null
