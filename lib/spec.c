@@ -38,9 +38,11 @@ struct strata_spec {
 #define SPEC_PROBE_MIN 16
 #define SPEC_PROBE_MAX 4096
 /* The wait is also at least the draft's catch-ups since drafting last paid, in plain
- * steps, over this: a draft model catches up on every token of a plain run when a
- * probe comes, so its probes then cost about this share of the plain steps. */
-#define SPEC_PROBE_SHARE 0.01
+ * steps, over this: a draft model catches up on up to STRATA_SPEC_CATCHUP tokens of a
+ * plain run when a probe comes, so its probes then cost about this share of the plain
+ * steps (at 0.01 they were 0.7-0.9% of a 512-token run on an H200, about all that
+ * the draft model's rows lost against plain decoding there). */
+#define SPEC_PROBE_SHARE 0.0025
 /* A probe whose draft proposed nothing (no n-gram match) learnt nothing: the next
  * probe comes this many plain steps later, the wait is not doubled. */
 #define SPEC_PROBE_RETRY 4

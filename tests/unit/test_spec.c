@@ -743,9 +743,9 @@ static void backoff(void)
     /* a draft that does not pay but is not hopeless either (1 draft 1.6 plain steps,
      * acceptance 1/2): without a catch-up probing costs about 1%; with a draft
      * model's (0.12 plain steps a token, at most STRATA_SPEC_CATCHUP tokens: 3.8 plain
-     * steps a probe) each wait is at least 100 times the last probe's catch-up, so
-     * probing costs about 1% more (a catch-up of the whole wait would cost 12% of
-     * every wait, however long) */
+     * steps a probe) each wait is at least 400 times the last probe's catch-up, so
+     * probing costs well under 1% more (a catch-up of the whole wait would cost 12% of
+     * every wait, however long; waits of 100 catch-ups left 0.994) */
     {
         struct bo_sim m = { .T = 4, .alpha = 0.5, .c1 = 1.6, .slope = 0.6, .power = 1,
                             .first = 1, .n_tokens = 4000 };
@@ -754,8 +754,8 @@ static void backoff(void)
            "(>= 0.985), %d of %d windows drafted", bo_speed(&m), m.n_drafting, m.n_windows);
         m.catchup = 0.12;
         bo_run(&m, 5);
-        ok(bo_speed(&m) >= 0.975, "back-off, a draft that does not pay, catch-up 0.12 a "
-           "token: speed %.3f (>= 0.975), %d catch-ups in 4000 tokens", bo_speed(&m),
+        ok(bo_speed(&m) >= 0.995, "back-off, a draft that does not pay, catch-up 0.12 a "
+           "token: speed %.3f (>= 0.995), %d catch-ups in 4000 tokens", bo_speed(&m),
            m.n_catchups);
     }
     /* cheap windows (a GPU) and high acceptance: it drafts almost always, near T */
