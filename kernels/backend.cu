@@ -128,7 +128,8 @@ struct gpu_state {
      * replayed as a graph like the all-in-VRAM step */
     int ec_graph;
     int tab_now; /* this forward is such a step (strata_gpu_ec_decode_graph said so) */
-    float *h_logits; /* pinned staging of one logits row */
+    float *h_logits; /* pinned staging of one logits row (or of an argmax id) */
+    int32_t *d_amax; /* the argmax id of STRATA_LOGITS_ARGMAX */
     /* STRATA_GPU_PROFILE=1: events between the launches of a forward pass (no graph);
      * per-operation totals are logged when the backend is freed */
     int prof;
@@ -1037,7 +1038,8 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
     }
 #endif
     if ((rc = gpu_call(s, cudaMallocHost((void **)&s->h_logits, 4 * (size_t)s->n_vocab),
-                       "cudaMallocHost (logits)", err)))
+                       "cudaMallocHost (logits)", err)) ||
+        (rc = dalloc(s, (void **)&s->d_amax, 256, "argmax id", err)))
         goto out;
     if ((o->backend_cfg && (rc = place_experts(s, o, pool, err))) || (rc = blas_warm(s, err)))
         goto out;
@@ -1626,15 +1628,25 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
         return rc;
     }
     size_t rows = all ? (size_t)n : 1;
-    if (want && (rc = gpu_call(s, cudaMemcpyAsync(rows == 1 ? s->h_logits : logits, s->logits,
-                                                  4 * rows * s->n_vocab, cudaMemcpyDeviceToHost, st),
-                                "copy of the logits", err)))
+    const int amax = b->logits == STRATA_LOGITS_ARGMAX;
+    if (amax) {
+        /* greedy: the id found on the device, 4 bytes back instead of the row */
+        if ((rc = strata_k_argmax(&s->ctx, s->logits, s->n_vocab, 1, s->d_amax, err)) ||
+            (rc = gpu_call(s, cudaMemcpyAsync(s->h_logits, s->d_amax, 4, cudaMemcpyDeviceToHost,
+                                              st), "copy of the argmax id", err)))
+            return rc;
+    } else if (want && (rc = gpu_call(s, cudaMemcpyAsync(rows == 1 ? s->h_logits : logits,
+                                                         s->logits, 4 * rows * s->n_vocab,
+                                                         cudaMemcpyDeviceToHost, st),
+                                       "copy of the logits", err)))
         return rc;
     if ((rc = gpu_call(s, cudaStreamSynchronize(st), "forward pass (asynchronous error; run with "
                                                      "STRATA_SYNC_DEBUG=1 to find the kernel)",
                        err)))
         return rc;
-    if (want && rows == 1)
+    if (amax)
+        memcpy(logits, s->h_logits, 4);
+    else if (want && rows == 1)
         memcpy(logits, s->h_logits, 4 * (size_t)s->n_vocab);
     if (s->prof)
         prof_collect(s);
@@ -1700,7 +1712,7 @@ static int gpu_expert_stats(void *state, int reset, struct strata_expert_cache *
 
 extern "C" const struct strata_backend_ops strata_backend_gpu_ops = {
     STRATA_GPU_RUNTIME_NAME, gpu_init, gpu_free, gpu_forward, gpu_kv_rollback, gpu_n_devices,
-    gpu_expert_stats,
+    gpu_expert_stats, 1,
 };
 
 #endif /* STRATA_GPU_HOST_PASS */

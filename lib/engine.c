@@ -20,6 +20,7 @@
 #include "pack.h"
 #include "pool.h"
 #include "quant.h"
+#include "sampler.h"
 
 /* ------------------------------------------------------------------------ */
 /* small helpers                                                            */
@@ -1122,7 +1123,7 @@ static int cpu_kv_rollback(void *state, int32_t n_past, struct strata_err *err)
 }
 
 const struct strata_backend_ops strata_backend_cpu_ops = {
-    "cpu", cpu_init, cpu_free, cpu_forward, cpu_kv_rollback, NULL, NULL,
+    "cpu", cpu_init, cpu_free, cpu_forward, cpu_kv_rollback, NULL, NULL, 0,
 };
 
 #ifdef STRATA_WITH_GPU
@@ -1182,6 +1183,8 @@ struct strata_engine {
     struct strata_engine_opts o;
     int32_t n_past;
     int32_t *hist; /* [n_ctx] */
+    float *argmax_row; /* [n_vocab] strata_engine_eval_argmax's row on backends without
+                          argmax, made on first use */
 };
 
 void strata_engine_opts_init(struct strata_engine_opts *o)
@@ -1312,6 +1315,7 @@ void strata_engine_close(struct strata_engine *e)
         strata_pool_free(e->pool);
     strata_model_free(e->m);
     free(e->hist);
+    free(e->argmax_row);
     strata_gguf_close(e->owned_g);
     free(e);
 }
@@ -1372,8 +1376,9 @@ static int eval_common(struct strata_engine *e, const int32_t *ids, const float 
         if (mode == STRATA_LOGITS_ALL) {
             b.logits = STRATA_LOGITS_ALL;
             lo = logits + (size_t)off * n_vocab;
-        } else if (mode == STRATA_LOGITS_LAST && off + cnt == n_tok) {
-            b.logits = STRATA_LOGITS_LAST;
+        } else if ((mode == STRATA_LOGITS_LAST || mode == STRATA_LOGITS_ARGMAX) &&
+                   off + cnt == n_tok) {
+            b.logits = mode;
             lo = logits;
         } else {
             b.logits = STRATA_LOGITS_NONE;
@@ -1396,6 +1401,22 @@ int strata_engine_eval(struct strata_engine *e, const int32_t *ids, int32_t n_to
     if (!ids)
         return strata_err_set(err, STRATA_E_INVALID, "NULL token ids");
     return eval_common(e, ids, NULL, n_tok, logits_mode, logits, err);
+}
+
+int strata_engine_eval_argmax(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
+                              int32_t *next, struct strata_err *err)
+{
+    if (!ids || !next)
+        return strata_err_set(err, STRATA_E_INVALID, "NULL token ids or id output");
+    if (e->ops->argmax)
+        return eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_ARGMAX, (float *)next, err);
+    const int32_t n_vocab = (int32_t)e->m->hp.n_vocab;
+    if (!e->argmax_row && !(e->argmax_row = malloc(sizeof(float) * (size_t)n_vocab)))
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, e->argmax_row, err);
+    if (!rc)
+        *next = strata_sampler_argmax(e->argmax_row, n_vocab);
+    return rc;
 }
 
 int strata_engine_eval_embd(struct strata_engine *e, const float *embd, int32_t n_tok,

@@ -67,6 +67,9 @@ enum strata_logits_mode {
     STRATA_LOGITS_NONE = 0, /* none (prefill chunks before the last) */
     STRATA_LOGITS_LAST = 1, /* the last position of the batch only */
     STRATA_LOGITS_ALL = 2,  /* every position: [n_tok, n_vocab] */
+    STRATA_LOGITS_ARGMAX = 3, /* the last position's argmax only (a backend whose ops
+                                 have argmax = 1): the logits pointer is an int32_t *
+                                 that receives the id (strata_engine_eval_argmax) */
 };
 
 /* A batch of n_tok consecutive positions pos0 .. pos0+n_tok-1. */
@@ -122,6 +125,10 @@ struct strata_backend_ops {
      * 0 when it has none.  NULL for backends without one. */
     int (*expert_stats)(void *state, int reset, struct strata_expert_cache **ec,
                         struct strata_ec_times *t);
+
+    /* 1: forward takes STRATA_LOGITS_ARGMAX, finding the id where the logits are (a
+     * GPU: 4 bytes back instead of n_vocab floats) */
+    int argmax;
 };
 
 /* The CPU backend (always available). */
@@ -177,6 +184,16 @@ int strata_engine_eval(struct strata_engine *e, const int32_t *ids, int32_t n_to
 
 /* The same with input embeddings [n_tok, n_embd] instead of ids (image
  * tokens spliced into the prompt); history records -1 for them. */
+/* strata_engine_eval whose last position's logits are reduced to the id of the
+ * largest (the lowest id among equal ones, strata_sampler_argmax's choice) in *next:
+ * greedy decoding without the logits.  On a GPU backend the id is found on the device
+ * and only it comes back (a row of a 151,936-token vocabulary is 608 KB a token, and
+ * the host's pass over it); elsewhere the engine evaluates the row into its own buffer
+ * and finds it.  Errors: those of strata_engine_eval, STRATA_E_INVALID (NULL next),
+ * STRATA_E_NOMEM. */
+int strata_engine_eval_argmax(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
+                              int32_t *next, struct strata_err *err);
+
 int strata_engine_eval_embd(struct strata_engine *e, const float *embd, int32_t n_tok,
                             int logits_mode, float *logits, struct strata_err *err);
 

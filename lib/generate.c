@@ -212,6 +212,11 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
     strata_detok_init(&dt, v, p->special ? STRATA_DETOK_SPECIAL : 0);
     size_t released = 0, searched = 0;
     int n_evals = 0;
+    /* greedy without logprobs: each step's argmax is found where the logits are
+     * (strata_engine_eval_argmax: on a GPU 4 bytes come back instead of the row) */
+    const int by_argmax = !p->spec && !p->logprobs && p->n_top_logprobs == 0 &&
+                          strata_sampler_is_argmax(smp);
+    int32_t next = -1; /* the argmax of the last step, when by_argmax */
     for (;;) {
         if (p->n_predict >= 0 && res->n_gen >= p->n_predict) {
             res->stop_reason = STRATA_STOP_LENGTH;
@@ -219,8 +224,9 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
         }
         float lp = 0;
         int n_top = p->n_top_logprobs;
-        int32_t id = strata_sampler_sample(smp, cur, p->logprobs || n_top ? &lp : NULL,
-                                           n_top ? top : NULL, n_top);
+        int32_t id = next >= 0 ? next
+                               : strata_sampler_sample(smp, cur, p->logprobs || n_top ? &lp : NULL,
+                                                       n_top ? top : NULL, n_top);
         if (!p->ignore_eog && strata_vocab_is_eog(v, id)) {
             res->stop_reason = STRATA_STOP_EOG;
             break;
@@ -284,8 +290,9 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
             res->stop_reason = STRATA_STOP_CTX;
             break;
         }
-        if ((rc = p->spec ? strata_spec_next(p->spec, id, &cur, err)
-                          : strata_engine_eval(e, &id, 1, STRATA_LOGITS_LAST, logits, err)))
+        if ((rc = p->spec       ? strata_spec_next(p->spec, id, &cur, err)
+                  : by_argmax ? strata_engine_eval_argmax(e, &id, 1, &next, err)
+                              : strata_engine_eval(e, &id, 1, STRATA_LOGITS_LAST, logits, err)))
             goto out;
         n_evals++;
     }

@@ -186,6 +186,14 @@ static int cand_cmp(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+int strata_sampler_is_argmax(const struct strata_sampler *s)
+{
+    const struct strata_sampler_params *p = &s->p;
+    return p->temperature <= 0 &&
+           (p->penalty_last_n == 0 || (p->repeat_penalty == 1.0f && p->presence_penalty == 0 &&
+                                       p->frequency_penalty == 0));
+}
+
 /* 1 if apply_penalties would change any logit. */
 static int penalties_on(const struct strata_sampler *s)
 {

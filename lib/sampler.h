@@ -74,6 +74,11 @@ void strata_sampler_accept(struct strata_sampler *s, const int32_t *ids, size_t 
 int32_t strata_sampler_sample(struct strata_sampler *s, const float *logits, float *logprob,
                               struct strata_token_prob *top, int n_top);
 
+/* 1 if every choice of s is the argmax of the raw logits, whatever the history
+ * (temperature <= 0 and no penalty that can change a logit): a caller may then take
+ * the argmax where the logits are (strata_engine_eval_argmax). */
+int strata_sampler_is_argmax(const struct strata_sampler *s);
+
 /* Index of the largest logit (the first on ties). */
 int32_t strata_sampler_argmax(const float *logits, int32_t n_vocab);
 

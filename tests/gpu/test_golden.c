@@ -18,6 +18,7 @@
 #include "generate.h"
 #include "gguf.h"
 #include "log.h"
+#include "sampler.h"
 #include "tap.h"
 #include "vocab.h"
 
@@ -253,6 +254,17 @@ static int windows(struct strata_engine *e, const int32_t *ids, int n_ids, const
         if (first_bad >= 0)
             diag("%s (%s): window %d@%d differs first at row %d (position %d)", model, what, n,
                  p, first_bad, p + first_bad);
+        /* greedy steps that bring back only the argmax id (found on the device) */
+        if (!rc)
+            rc = strata_engine_rollback(e, p, &err);
+        int agree = 1;
+        for (int i = 0; i < n && !rc; i++) {
+            int32_t next = -1;
+            rc = strata_engine_eval_argmax(e, ids + p + i, 1, &next, &err);
+            agree &= !rc && next == strata_sampler_argmax(w + (size_t)i * row, (int32_t)row);
+        }
+        ok(rc == 0 && agree, "%s (%s): %d argmax steps from %d give the largest logit's id of "
+           "each decode%s%s", model, what, n, p, rc ? ": " : "", err.msg);
         if (!rc && ref)
             ok(memcmp(ref + (size_t)c * 17 * row, w, sizeof(float) * n * row) == 0,
                "%s: the %d-token window at %d equal with and without graphs", model, n, p);

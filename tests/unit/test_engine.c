@@ -116,6 +116,32 @@ static void golden(const char *model, const char *refname, int with_extras)
                 same &= memcmp(l1, l + (size_t)t * nv, sizeof *l1 * nv) == 0;
             }
             ok(same, "%s: logits one position at a time == in one batch (bitwise)", model);
+            /* the argmax evaluation: the largest logit's id of the same positions, the
+             * kv cache as after a plain eval */
+            {
+                int agree = 1;
+                strata_engine_rollback(e, 0, &err);
+                for (int t = 0; t < n && agree; t++) {
+                    int32_t next = -1;
+                    if (strata_engine_eval_argmax(e, ids + t, 1, &next, &err)) {
+                        agree = 0;
+                        break;
+                    }
+                    int32_t want = 0;
+                    for (int32_t j = 1; j < nv; j++)
+                        if (l[(size_t)t * nv + j] > l[(size_t)t * nv + want])
+                            want = j;
+                    agree &= next == want;
+                }
+                ok(agree && strata_engine_n_past(e) == n,
+                   "%s: strata_engine_eval_argmax gives the largest logit's id at each of %d "
+                   "positions, %d in the kv cache (%s)", model, n, strata_engine_n_past(e),
+                   err.msg);
+                int32_t dummy;
+                ok(strata_engine_eval_argmax(e, ids, 1, NULL, &err) == STRATA_E_INVALID &&
+                   strata_engine_eval_argmax(e, NULL, 1, &dummy, &err) == STRATA_E_INVALID,
+                   "strata_engine_eval_argmax refuses NULL ids or output: %s", err.msg);
+            }
             /* roll back and re-evaluate the tail as one window */
             int ok_rb = strata_engine_rollback(e, 4, &err) == 0 &&
                         strata_engine_n_past(e) == 4 &&
