@@ -1644,9 +1644,14 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
                                                      "STRATA_SYNC_DEBUG=1 to find the kernel)",
                        err)))
         return rc;
-    if (amax)
-        memcpy(logits, s->h_logits, 4);
-    else if (want && rows == 1)
+    if (amax) {
+        int32_t id;
+        memcpy(&id, s->h_logits, 4);
+        if (id < 0 || id >= s->n_vocab) /* the kernel's -1: no logit won */
+            return strata_k_err(err, STRATA_E_GPU, "greedy step at position %d: no logit is "
+                                "a number (every one NaN)", b->pos0 + n - 1);
+        memcpy(logits, &id, 4);
+    } else if (want && rows == 1)
         memcpy(logits, s->h_logits, 4 * (size_t)s->n_vocab);
     if (s->prof)
         prof_collect(s);

@@ -1400,6 +1400,9 @@ int strata_engine_eval(struct strata_engine *e, const int32_t *ids, int32_t n_to
 {
     if (!ids)
         return strata_err_set(err, STRATA_E_INVALID, "NULL token ids");
+    if (logits_mode == STRATA_LOGITS_ARGMAX)
+        return strata_err_set(err, STRATA_E_INVALID, "logits mode ARGMAX is "
+                              "strata_engine_eval_argmax's");
     return eval_common(e, ids, NULL, n_tok, logits_mode, logits, err);
 }
 
@@ -1424,6 +1427,9 @@ int strata_engine_eval_embd(struct strata_engine *e, const float *embd, int32_t 
 {
     if (!embd)
         return strata_err_set(err, STRATA_E_INVALID, "NULL embeddings");
+    if (logits_mode == STRATA_LOGITS_ARGMAX)
+        return strata_err_set(err, STRATA_E_INVALID, "logits mode ARGMAX is "
+                              "strata_engine_eval_argmax's");
     return eval_common(e, NULL, embd, n_tok, logits_mode, logits, err);
 }
 

@@ -108,7 +108,8 @@ struct strata_backend_ops {
     /* Evaluate batch b: write keys/values of its positions to the kv cache,
      * attend causally over positions 0 .. pos0 + i, and write logits per
      * b->logits to logits ([1 or n_tok, n_vocab] float32; NULL with
-     * STRATA_LOGITS_NONE). */
+     * STRATA_LOGITS_NONE; with STRATA_LOGITS_ARGMAX, on a backend whose argmax is 1,
+     * one int32_t: the last position's argmax). */
     int (*forward)(void *state, const struct strata_batch *b, float *logits,
                    struct strata_err *err);
 
@@ -177,25 +178,27 @@ const int32_t *strata_engine_history(const struct strata_engine *e);
  * kv cache.  logits: per mode, [1, n_vocab] (the last position) or
  * [n_tok, n_vocab] (every position), float32, caller-owned; may be NULL with
  * STRATA_LOGITS_NONE.  Errors: STRATA_E_INVALID (n_tok < 1, an id outside
- * 0..n_vocab-1: names it), STRATA_E_LIMIT (n_past + n_tok > n_ctx: says both),
+ * 0..n_vocab-1: names it; STRATA_LOGITS_ARGMAX, which is strata_engine_eval_argmax's), STRATA_E_LIMIT (n_past + n_tok > n_ctx: says both),
  * backend errors.  On error the kv cache keeps its old n_past. */
 int strata_engine_eval(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
                        int logits_mode, float *logits, struct strata_err *err);
 
 /* The same with input embeddings [n_tok, n_embd] instead of ids (image
  * tokens spliced into the prompt); history records -1 for them. */
+int strata_engine_eval_embd(struct strata_engine *e, const float *embd, int32_t n_tok,
+                            int logits_mode, float *logits, struct strata_err *err);
+
 /* strata_engine_eval whose last position's logits are reduced to the id of the
  * largest (the lowest id among equal ones, strata_sampler_argmax's choice) in *next:
  * greedy decoding without the logits.  On a GPU backend the id is found on the device
  * and only it comes back (a row of a 151,936-token vocabulary is 608 KB a token, and
  * the host's pass over it); elsewhere the engine evaluates the row into its own buffer
- * and finds it.  Errors: those of strata_engine_eval, STRATA_E_INVALID (NULL next),
+ * and finds it.  NaN logits never win on the device (the host's argmax may stop at
+ * one); a row with no logit that is not NaN is STRATA_E_GPU there, naming the
+ * position.  Errors: those of strata_engine_eval, STRATA_E_INVALID (NULL next),
  * STRATA_E_NOMEM. */
 int strata_engine_eval_argmax(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
                               int32_t *next, struct strata_err *err);
-
-int strata_engine_eval_embd(struct strata_engine *e, const float *embd, int32_t n_tok,
-                            int logits_mode, float *logits, struct strata_err *err);
 
 /* Roll the kv cache back to n_past positions (0 <= n_past <= current n_past).
  * Errors: STRATA_E_INVALID (n_past out of range), backend errors. */

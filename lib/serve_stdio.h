@@ -9,8 +9,9 @@
  *
  * Test hook: when the environment variable STRATA_TEST_FORCE_OUTPUT_FILE
  * names a non-empty file, every generate request skips the model and emits
- * that file's text (tokenized, special tokens parsed) as its tokens, with
- * logprob 0 and reason "eos" (or "length" at max_tokens).  strata-serve's
+ * that file's text (tokenized, special tokens parsed) as its tokens (with
+ * logprob 0 when the request asks for logprobs, and no alternatives) and reason
+ * "eos" (or "length" at max_tokens).  strata-serve's
  * tests use it to script a model's tool call.  Never set it in production.
  */
 #ifndef STRATA_SERVE_STDIO_H

@@ -58,7 +58,7 @@
  *     timed (one-time costs), and 4 plain steps are timed before any window;
  *   - after w plain steps in a row one window probes with the best open size
  *     that is not hopeless: w = 16, doubled each time drafting stops without
- *     having paid for itself, up to 4096, and at least 100 times the draft's
+ *     having paid for itself, up to 4096, and at least 400 times the draft's
  *     catch-ups (in plain steps) since drafting last paid; a probe that pays is
  *     followed by another at once while the acceptance has less evidence than
  *     growing needs; 4 steps when the draft proposed nothing (an
@@ -130,7 +130,9 @@ struct strata_spec_stats {
  * image position).  It writes them to out and their count to *n_out (0 is
  * fine: nothing to propose).  n_max 0 asks for nothing: a draft with state
  * (a draft model's kv cache) brings it up to hist then, so the catch-up after
- * a run of plain steps is timed apart from the window that follows.  Errors
+ * a run of plain steps is timed apart from the window that follows (the loop
+ * passes the history without the accepted token then, which the window's call
+ * reads, as every window's does).  Errors
  * are the draft's (engine errors of a draft model). */
 struct strata_spec_draft {
     const char *name;

@@ -141,6 +141,10 @@ static void golden(const char *model, const char *refname, int with_extras)
                 ok(strata_engine_eval_argmax(e, ids, 1, NULL, &err) == STRATA_E_INVALID &&
                    strata_engine_eval_argmax(e, NULL, 1, &dummy, &err) == STRATA_E_INVALID,
                    "strata_engine_eval_argmax refuses NULL ids or output: %s", err.msg);
+                int32_t np = strata_engine_n_past(e);
+                ok(strata_engine_eval(e, ids, 1, STRATA_LOGITS_ARGMAX, l1, &err) ==
+                       STRATA_E_INVALID && strata_engine_n_past(e) == np,
+                   "strata_engine_eval refuses the ARGMAX mode (kv cache kept): %s", err.msg);
             }
             /* roll back and re-evaluate the tail as one window */
             int ok_rb = strata_engine_rollback(e, 4, &err) == 0 &&
