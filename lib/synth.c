@@ -203,6 +203,59 @@ static int more_bits(uint32_t i, uint32_t n)
     return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
 }
 
+/* A SentencePiece ("llama") vocabulary of n tokens (n >= 259) that any text goes through:
+ * <unk>, <s>, </s>, the 256 byte tokens <0x00>..<0xFF> (byte fallback: a text is read
+ * as its UTF-8 bytes), the word boundary "\u2581" (a space), then pieces "\u2581tN"
+ * that no text forms.  So strata-generate
+ * and strata-serve run a synthetic model end to end, with the shape's real vocabulary
+ * size (a row of logits as large as the real model's); the text it writes is
+ * meaningless. */
+static int add_vocab(struct strata_gguf_writer *w, uint32_t n, struct strata_err *err)
+{
+    char **tok = calloc(n, sizeof *tok);
+    float *score = calloc(n, sizeof *score);
+    int32_t *type = calloc(n, sizeof *type);
+    char *text = malloc((size_t)n * 16);
+    int rc = 0;
+    if (!tok || !score || !type || !text) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        tok[i] = text + (size_t)i * 16;
+        if (i < 3) {
+            snprintf(tok[i], 16, "%s", i == 0 ? "<unk>" : i == 1 ? "<s>" : "</s>");
+            type[i] = i == 0 ? 2 : 3; /* unknown, control */
+        } else if (i < 259) {
+            snprintf(tok[i], 16, "<0x%02X>", i - 3);
+            type[i] = 6; /* byte */
+        } else if (i == 259) {
+            snprintf(tok[i], 16, "\xe2\x96\x81");
+            type[i] = 1;
+        } else {
+            snprintf(tok[i], 16, "\xe2\x96\x81t%u", i);
+            type[i] = 1; /* normal */
+            score[i] = -(float)i;
+        }
+    }
+    (void)((rc = strata_gguf_writer_add_str(w, "tokenizer.ggml.model", "llama", err)) ||
+           (rc = strata_gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens",
+                                                (const char *const *)tok, n, err)) ||
+           (rc = strata_gguf_writer_add_arr(w, "tokenizer.ggml.scores", STRATA_GGUF_FLOAT32,
+                                            score, n, err)) ||
+           (rc = strata_gguf_writer_add_arr(w, "tokenizer.ggml.token_type", STRATA_GGUF_INT32,
+                                            type, n, err)) ||
+           (rc = strata_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 1, err)) ||
+           (rc = strata_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2, err)) ||
+           (rc = strata_gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 0, err)));
+out:
+    free(tok);
+    free(score);
+    free(type);
+    free(text);
+    return rc;
+}
+
 static int build(const struct strata_synth_opts *o, struct strata_gguf_writer *w,
                  struct tensors *t, struct strata_err *err)
 {
@@ -245,6 +298,8 @@ static int build(const struct strata_synth_opts *o, struct strata_gguf_writer *w
                                           err))))
         return rc;
 #undef KEY
+    if ((rc = add_vocab(w, sh->n_vocab, err)))
+        return rc;
     uint32_t big = mix ? STRATA_TYPE_Q6_K : (uint32_t)ft, t4 = (uint32_t)ft;
     float aE = 1.0f / 45.0f; /* ~1/sqrt(n_embd) for 2048 */
     if ((rc = add(w, t, "token_embd.weight", t4, 2, (uint64_t[]){E, sh->n_vocab}, 1.0f, &seed,

@@ -6,8 +6,9 @@
  * dequantisation: every matrix has mean ~0 and rms ~1/45 (~1/sqrt(n_embd) of the
  * full-size shapes), token_embd rms ~1, the norms are near 1, so activations stay
  * bounded (far below f16's 65504) through any number of layers; the text such a model
- * writes is meaningless.  No tokenizer is written (the engine takes the
- * vocabulary size from token_embd).
+ * writes is meaningless.  The tokenizer is a SentencePiece vocabulary of the shape's
+ * size whose only pieces that text forms are the 256 byte tokens (byte fallback), so
+ * the programs run such a model end to end with the real model's logits row.
  */
 #ifndef STRATA_SYNTH_H
 #define STRATA_SYNTH_H

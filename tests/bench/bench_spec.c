@@ -1,6 +1,6 @@
 /* bench_spec.c - what speculative decoding costs and gains on one engine, with drafts
- * of known quality, on a GGUF model or a synthetic one (lib/synth.h; no tokenizer is
- * needed: prompts are token ids).
+ * of known quality, on a GGUF model or a synthetic one (lib/synth.h; prompts are token
+ * ids, so no tokenizer is used).
  *
  *   bench_spec [--model GGUF | --synth SHAPE] [--layers N] [--ftype F] [--backend B]
  *              [-t THREADS] [--prompt P] [--gen N] [--reps R] [--spec "2 4 8"] [--label L]

@@ -14,6 +14,7 @@
 #include "quant.h"
 #include "synth.h"
 #include "tap.h"
+#include "vocab.h"
 
 static void check_shape(const char *shape, const char *ftype, int n_layer, uint32_t want_expert)
 {
@@ -226,8 +227,47 @@ static void check_drop_pages(void)
     unlink(path);
 }
 
+/* The synthetic vocabulary: the shape's size, any text through its byte tokens and
+ * back. */
+static void check_vocab(void)
+{
+    struct strata_err err = {0, ""};
+    struct strata_synth_opts o = {"qwen3-moe-tiny", 1, "Q8_0", 3};
+    void *buf = NULL;
+    size_t size = 0;
+    struct strata_gguf *g = NULL;
+    struct strata_vocab *v = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    const char *text = "hello, w\xc3\xb6rld";
+    int rc = strata_synth_build(&o, &buf, &size, &err);
+    if (!rc)
+        rc = strata_gguf_open_mem(&g, buf, size, "vocab", &err);
+    if (!rc)
+        rc = strata_vocab_load(&v, g, &err);
+    if (!rc)
+        rc = strata_vocab_tokenize(v, text, strlen(text), 1, 0, &ids, &n, &err);
+    /* BOS, then "\u2581" (259), the 6 bytes of "hello,", "\u2581", the 6 of "w\u00f6rld" */
+    ok(rc == 0 && strata_vocab_n_tokens(v) == 512 && n == 15 && ids[0] == 1 && ids[1] == 259 &&
+           ids[2] == 3 + 'h' && ids[8] == 259,
+       "synthetic vocabulary: 512 tokens, \"%s\" is BOS, word boundaries and %zu byte tokens "
+       "(12)%s%s", text, n > 3 ? n - 3 : 0, rc ? ": " : "", err.msg);
+    char *out = NULL;
+    size_t len = 0;
+    if (!rc)
+        rc = strata_vocab_detokenize(v, ids + 1, n - 1, 0, &out, &len, &err);
+    ok(rc == 0 && len == strlen(text) && memcmp(out, text, len) == 0,
+       "synthetic vocabulary: the ids read back as the text (%zu bytes)", len);
+    free(out);
+    free(ids);
+    strata_vocab_free(v);
+    strata_gguf_close(g);
+    free(buf);
+}
+
 int main(void)
 {
+    check_vocab();
     check_drop_pages();
     check_shape("qwen3-moe-tiny", "Q4_K_M", 3, 16);
     check_shape("qwen3-moe-tiny", "IQ2_XS", 1, 16);
