@@ -12,6 +12,7 @@
 #include "gguf_dump.h"
 #include "log.h"
 #include "prepare.h"
+#include "synth.h"
 
 #ifndef STRATA_VERSION
 #define STRATA_VERSION "0.1.0"
@@ -24,6 +25,7 @@ static const char usage_text[] =
     "       strata-prepare --list [--context N] [--json]\n"
     "       strata-prepare --verify PACK [--json]\n"
     "       strata-prepare --inspect FILE [--json]\n"
+    "       strata-prepare --synth SHAPE[:LAYERS[:FTYPE]] [--force] FILE.gguf\n"
     "       strata-prepare --help | --version\n"
     "\n"
     "  --out DIR            create NAME.strata in DIR (default: .)\n"
@@ -45,9 +47,67 @@ static const char usage_text[] =
     "  --retry-delay MS     first retry delay, doubling (default 1000)\n"
     "  --stall-timeout S    give up an attempt after S seconds without data (default 60)\n"
     "  --inspect FILE  print a GGUF file's (or a split set's) metadata and tensors\n"
+    "  --synth S       write a synthetic model: random quantised weights in the tensor\n"
+    "                  layout of shape S (qwen3-30b-a3b, qwen3-coder-30b-a3b,\n"
+    "                  qwen3-moe-tiny, llama-tiny), LAYERS of them (default: the\n"
+    "                  shape's), FTYPE Q4_K_M (llama.cpp's mix, default) or one block\n"
+    "                  type (Q8_0, Q4_K, IQ2_XS, ...); it runs, but its text is noise\n"
     "  --json          print JSON instead of text (summary, --list, --verify, --inspect)\n"
     "  -h, --help      show this help\n"
     "  --version       show the version\n";
+
+/* --synth SHAPE[:LAYERS[:FTYPE]] FILE: a synthetic model (lib/synth.h), written to
+ * FILE.part and renamed, so no half-written FILE is ever left. */
+static int run_synth(const char *spec, const char *path, int force)
+{
+    struct strata_err err = {0};
+    char shape[64], ftype[32] = "Q4_K_M", *end = NULL;
+    const char *c1 = strchr(spec, ':');
+    size_t ls = c1 ? (size_t)(c1 - spec) : strlen(spec);
+    long layers = 0;
+    if (ls == 0 || ls >= sizeof shape)
+        goto bad;
+    memcpy(shape, spec, ls);
+    shape[ls] = 0;
+    if (c1) {
+        errno = 0;
+        layers = strtol(c1 + 1, &end, 10);
+        if (errno || end == c1 + 1 || layers < 1 || layers > 1000 || (*end && *end != ':'))
+            goto bad;
+        if (*end == ':' && (!end[1] || strlen(end + 1) >= sizeof ftype))
+            goto bad;
+        if (*end == ':')
+            snprintf(ftype, sizeof ftype, "%s", end + 1);
+    }
+    if (!force && access(path, F_OK) == 0) {
+        fprintf(stderr, "strata-prepare: '%s' exists (--force replaces it)\n", path);
+        return STRATA_EXIT_USAGE;
+    }
+    char part[PATH_MAX];
+    if (snprintf(part, sizeof part, "%s.part", path) >= (int)sizeof part) {
+        fprintf(stderr, "strata-prepare: path too long: '%s'\n", path);
+        return STRATA_EXIT_USAGE;
+    }
+    struct strata_synth_opts o = {shape, (int)layers, ftype, 42};
+    int rc = strata_synth_write(&o, part, &err);
+    if (!rc && rename(part, path) != 0)
+        rc = strata_err_set(&err, STRATA_E_IO, "cannot rename '%s' to '%s': %s", part, path,
+                            strerror(errno));
+    if (rc) {
+        unlink(part);
+        strata_log_error("%s", err.msg);
+        return strata_err_exit_code(rc);
+    }
+    if (layers)
+        printf("%s: synthetic %s, %ld layers, %s\n", path, shape, layers, ftype);
+    else
+        printf("%s: synthetic %s, all its layers, %s\n", path, shape, ftype);
+    return STRATA_EXIT_OK;
+bad:
+    fprintf(stderr, "strata-prepare: bad --synth '%s' (SHAPE[:LAYERS[:FTYPE]], LAYERS 1..1000)\n",
+            spec);
+    return STRATA_EXIT_USAGE;
+}
 
 /* --inspect: dump the metadata and tensor list of a GGUF file or split set. */
 static int run_inspect(const char *path, int json)
@@ -233,16 +293,17 @@ static int run_pack(struct pack_args *a, const char *source, int json)
 
 int main(int argc, char **argv)
 {
-    enum { OPT_VERSION = 256, OPT_JSON, OPT_INSPECT };
+    enum { OPT_VERSION = 256, OPT_JSON, OPT_INSPECT, OPT_SYNTH };
     static const struct option longopts[] = {
         {"inspect", required_argument, NULL, OPT_INSPECT},
+        {"synth", required_argument, NULL, OPT_SYNTH},
         {"json", no_argument, NULL, OPT_JSON},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, OPT_VERSION},
         PACK_LONGOPTS
         {NULL, 0, NULL, 0},
     };
-    const char *inspect = NULL;
+    const char *inspect = NULL, *synth = NULL;
     int json = 0, c;
     struct pack_args pa = {.o = {.low_ram = -1, .retries = -1}};
 
@@ -250,6 +311,7 @@ int main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
         switch (c) {
         case OPT_INSPECT: inspect = optarg; break;
+        case OPT_SYNTH: synth = optarg; break;
         case OPT_JSON: json = 1; break;
         case OPT_VERSION: printf("strata-prepare %s\n", STRATA_VERSION); return STRATA_EXIT_OK;
         case 'h': fputs(usage_text, stdout); return STRATA_EXIT_OK;
@@ -262,6 +324,14 @@ int main(int argc, char **argv)
     }
     if (pa.bad)
         return STRATA_EXIT_USAGE;
+    if (synth) {
+        if (optind != argc - 1 || inspect || json) {
+            fputs("strata-prepare: --synth SHAPE[:LAYERS[:FTYPE]] takes one FILE.gguf and no "
+                  "other mode\n", stderr);
+            return STRATA_EXIT_USAGE;
+        }
+        return run_synth(synth, argv[optind], pa.o.force);
+    }
     if (!inspect && !pa.list && !pa.verify && optind == argc - 1 && !pa.o.family)
         return run_pack(&pa, argv[optind], json);
     if (optind < argc) {
