@@ -16,17 +16,23 @@
 #include "tap.h"
 #include "vocab.h"
 
+/* Build a synthetic model in memory (*buf, caller frees) and open it as *g. */
+static int synth_open(const char *shape, int n_layer, const char *ftype, uint64_t seed,
+                      void **buf, struct strata_gguf **g, struct strata_err *err)
+{
+    struct strata_synth_opts o = {shape, n_layer, ftype, seed};
+    size_t size = 0;
+    int rc = strata_synth_build(&o, buf, &size, err);
+    return rc ? rc : strata_gguf_open_mem(g, *buf, size, shape, err);
+}
+
 static void check_shape(const char *shape, const char *ftype, int n_layer, uint32_t want_expert)
 {
     struct strata_err err = {0, ""};
-    struct strata_synth_opts o = {shape, n_layer, ftype, 7};
     void *buf = NULL;
-    size_t size = 0;
     struct strata_gguf *g = NULL;
     struct strata_model *m = NULL;
-    int rc = strata_synth_build(&o, &buf, &size, &err);
-    if (!rc)
-        rc = strata_gguf_open_mem(&g, buf, size, shape, &err);
+    int rc = synth_open(shape, n_layer, ftype, 7, &buf, &g, &err);
     if (!rc)
         rc = strata_model_load(&m, g, &err);
     ok(rc == 0, "%s %s: builds and loads%s%s", shape, ftype, rc ? ": " : "", err.msg);
@@ -108,15 +114,11 @@ static void check_magnitudes(const char *ftype)
 static void check_forward(void)
 {
     struct strata_err err = {0, ""};
-    struct strata_synth_opts o = {"qwen3-moe-tiny", 2, "Q4_K_M", 42};
     void *buf = NULL;
-    size_t size = 0;
     struct strata_gguf *g = NULL;
     struct strata_engine *e = NULL;
     float *logits = NULL;
-    int rc = strata_synth_build(&o, &buf, &size, &err);
-    if (!rc)
-        rc = strata_gguf_open_mem(&g, buf, size, "synth", &err);
+    int rc = synth_open("qwen3-moe-tiny", 2, "Q4_K_M", 42, &buf, &g, &err);
     struct strata_engine_opts eo;
     strata_engine_opts_init(&eo);
     eo.backend = "cpu";
@@ -232,17 +234,13 @@ static void check_drop_pages(void)
 static void check_vocab(void)
 {
     struct strata_err err = {0, ""};
-    struct strata_synth_opts o = {"qwen3-moe-tiny", 1, "Q8_0", 3};
     void *buf = NULL;
-    size_t size = 0;
     struct strata_gguf *g = NULL;
     struct strata_vocab *v = NULL;
     int32_t *ids = NULL;
     size_t n = 0;
     const char *text = "hello, w\xc3\xb6rld";
-    int rc = strata_synth_build(&o, &buf, &size, &err);
-    if (!rc)
-        rc = strata_gguf_open_mem(&g, buf, size, "vocab", &err);
+    int rc = synth_open("qwen3-moe-tiny", 1, "Q8_0", 3, &buf, &g, &err);
     if (!rc)
         rc = strata_vocab_load(&v, g, &err);
     if (!rc)
