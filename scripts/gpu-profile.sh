@@ -6,8 +6,8 @@
 #                                             (default devrun-p)
 #   scripts/gpu-profile.sh run [DIR] [WHAT]   there: WHAT is any of bench, ncu, offload,
 #                                             check, ab, offmem, offtest, prof, spec, xcpu,
-#                                             diag, ncupp, gpushell, specgpu (default bench
-#                                             ncu offload)
+#                                             diag, ncupp, gpushell, specgpu, e2e (default
+#                                             bench ncu offload)
 #
 # bench: bench_gpu --tg 128 --reps 3 (decode and prefill, all in VRAM).  ncu: the time each
 # kernel of a few decode steps runs once scheduled (Nsight Compute, graph nodes profiled
@@ -26,6 +26,10 @@
 # The fixtures do not fit one transfer: pack the F16 models in one run and the
 # quantised ones (Q8_0, IQ*) in another.
 # xcpu: bench_expert_cpu.
+# e2e: strata-generate end to end on the synthetic 12-layer Qwen3-30B-A3B Q4_K_M (written
+# there by strata-prepare --synth; its vocabulary has the real size): 256 tokens greedy,
+# greedy with --logprobs, and at temperature 1, three runs each in turn ($E2E_ARGS adds
+# options to every run, e.g. --vram-budget-mib N).
 # diag: bench_offload mapping a freshly written file on the disk, with the process's
 # kernel stacks and the host's dirty and writeback memory sampled while it opens.
 # Logs go to $OUT (or /tmp/strata-prof).
@@ -40,6 +44,7 @@ pack)
     done
     [ -x "$2/bench/bench_expert_cpu" ] && strip -o "$d/bench_expert_cpu" "$2/bench/bench_expert_cpu"
     mkdir -p "$d/bin" && strip -o "$d/bin/strata-generate" "$2/bin/cuda/strata-generate"
+    [ -x "$2/bin/cuda/strata-prepare" ] && strip -o "$d/bin/strata-prepare" "$2/bin/cuda/strata-prepare"
     # fixtures named in $FIXTURES (paths under the fixtures folder)
     fx=${STRATA_FIXTURES:-$(pwd)/../shared/fixtures}
     for f in ${FIXTURES:-}; do
@@ -123,6 +128,19 @@ for w in $what; do
         STRATA_FIXTURES=$(cd "$d" && pwd)/fixtures timeout 400 scripts/bench-spec.sh \
             -b "$d/bin" -x "$d/bench_spec" -B cuda -r ${SPEC_REPS:-5} -F 512 \
             -a --no-selftest ${SPEC_ARGS:-} 2>&1 | tee -a "$out/specgpu.log" ;;
+    e2e)
+        g=${TMPDIR:-/tmp}/strata-q3-12.gguf
+        [ -s "$g" ] || "$d/bin/strata-prepare" --synth qwen3-30b-a3b:12:Q4_K_M "$g" >/dev/null ||
+            { echo "e2e: strata-prepare --synth failed"; continue; }
+        for r in 1 2 3; do
+            for a in "--temp 0" "--temp 0 --logprobs" "--temp 1 --seed 1"; do
+                # shellcheck disable=SC2086
+                t=$(timeout 120 "$d/bin/strata-generate" -m "$g" -p hello -n 256 --ignore-eos \
+                    --backend cuda --json --no-selftest $a ${E2E_ARGS:-} 2>/dev/null | tail -1 |
+                    grep -o '"decode_tps":[0-9.]*')
+                echo "e2e [$a] #$r: ${t:-failed}"
+            done
+        done | tee "$out/e2e.log" ;;
     xcpu)
         timeout 120 "$d/bench_expert_cpu" -t "$(nproc)" 2>&1 | tee "$out/xcpu.log" ;;
     diag)
