@@ -56,6 +56,20 @@ static const char usage_text[] =
     "  -h, --help      show this help\n"
     "  --version       show the version\n";
 
+/* MemAvailable of /proc/meminfo in bytes, or 0 when unknown. */
+static uint64_t mem_available(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
 /* --synth SHAPE[:LAYERS[:FTYPE]] FILE: a synthetic model (lib/synth.h), written to
  * FILE.part and renamed, so no half-written FILE is ever left. */
 static int run_synth(const char *spec, const char *path, int force)
@@ -89,7 +103,18 @@ static int run_synth(const char *spec, const char *path, int force)
         return STRATA_EXIT_USAGE;
     }
     struct strata_synth_opts o = {shape, (int)layers, ftype, 42};
-    int rc = strata_synth_write(&o, part, &err);
+    /* the weights are made in memory before they are written: refuse what the machine
+     * cannot hold rather than be killed for it */
+    uint64_t need = 0, avail = mem_available();
+    int rc = strata_synth_size(&o, &need, &err);
+    if (!rc && avail && need > avail / 10 * 9) {
+        fprintf(stderr, "strata-prepare: --synth %s makes %.1f GiB of weights in memory before "
+                "writing them; %.1f GiB of RAM is available: use fewer LAYERS\n", spec,
+                need / 1073741824.0, avail / 1073741824.0);
+        return STRATA_EXIT_USAGE;
+    }
+    if (!rc)
+        rc = strata_synth_write(&o, part, &err);
     if (!rc && rename(part, path) != 0)
         rc = strata_err_set(&err, STRATA_E_IO, "cannot rename '%s' to '%s': %s", part, path,
                             strerror(errno));
@@ -99,7 +124,8 @@ static int run_synth(const char *spec, const char *path, int force)
         return strata_err_exit_code(rc);
     }
     if (layers)
-        printf("%s: synthetic %s, %ld layers, %s\n", path, shape, layers, ftype);
+        printf("%s: synthetic %s, %ld layer%s, %s\n", path, shape, layers, layers == 1 ? "" : "s",
+               ftype);
     else
         printf("%s: synthetic %s, all its layers, %s\n", path, shape, ftype);
     return STRATA_EXIT_OK;

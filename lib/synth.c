@@ -159,6 +159,8 @@ static void fill(uint32_t type, uint8_t *dst, uint64_t n, float amp, uint64_t *s
 struct tensors {
     void **bufs;
     size_t n, cap;
+    int dry;        /* 1: only count the bytes (strata_synth_size) */
+    uint64_t bytes; /* the tensors' bytes */
 };
 
 static int add(struct strata_gguf_writer *w, struct tensors *t, const char *name, uint32_t type,
@@ -173,6 +175,9 @@ static int add(struct strata_gguf_writer *w, struct tensors *t, const char *name
         return strata_err_set(err, STRATA_E_INVALID, "synthetic tensor '%s': %llu values do not "
                               "fill whole %s blocks", name, (unsigned long long)n,
                               strata_ggml_type_name(type));
+    t->bytes += bytes;
+    if (t->dry)
+        return 0;
     if (t->n == t->cap) {
         size_t nc = t->cap ? 2 * t->cap : 64;
         void **nb = realloc(t->bufs, nc * sizeof(void *));
@@ -359,11 +364,26 @@ static void free_tensors(struct tensors *t)
     free(t->bufs);
 }
 
+int strata_synth_size(const struct strata_synth_opts *o, uint64_t *bytes,
+                      struct strata_err *err)
+{
+    struct strata_gguf_writer *w = NULL;
+    struct tensors t = {NULL, 0, 0, 1, 0};
+    *bytes = 0;
+    int rc = strata_gguf_writer_create(&w, err);
+    if (!rc)
+        rc = build(o, w, &t, err);
+    strata_gguf_writer_free(w);
+    if (!rc)
+        *bytes = t.bytes;
+    return rc;
+}
+
 int strata_synth_build(const struct strata_synth_opts *o, void **buf, size_t *size,
                        struct strata_err *err)
 {
     struct strata_gguf_writer *w = NULL;
-    struct tensors t = {NULL, 0, 0};
+    struct tensors t = {NULL, 0, 0, 0, 0};
     *buf = NULL;
     *size = 0;
     int rc = strata_gguf_writer_create(&w, err);
@@ -380,7 +400,7 @@ int strata_synth_write(const struct strata_synth_opts *o, const char *path,
                        struct strata_err *err)
 {
     struct strata_gguf_writer *w = NULL;
-    struct tensors t = {NULL, 0, 0};
+    struct tensors t = {NULL, 0, 0, 0, 0};
     int rc = strata_gguf_writer_create(&w, err);
     if (!rc)
         rc = build(o, w, &t, err);

@@ -34,8 +34,15 @@ const char *const *strata_synth_shapes(void);
 int strata_synth_build(const struct strata_synth_opts *o, void **buf, size_t *size,
                        struct strata_err *err);
 
-/* The same written to path.  Errors as above plus STRATA_E_IO (names the path). */
+/* The same written to path.  The tensors are made in memory first, so this needs about
+ * strata_synth_size's bytes of RAM.  Errors as above plus STRATA_E_IO (names the
+ * path). */
 int strata_synth_write(const struct strata_synth_opts *o, const char *path,
                        struct strata_err *err);
+
+/* *bytes: the tensor bytes the model of o has (what strata_synth_build and _write hold
+ * in memory), without making them.  Errors as strata_synth_build's. */
+int strata_synth_size(const struct strata_synth_opts *o, uint64_t *bytes,
+                      struct strata_err *err);
 
 #endif

@@ -33,6 +33,10 @@ for bad in "nope" "qwen3-moe-tiny:0" "qwen3-moe-tiny:2:Q9_X" "qwen3-moe-tiny:2:"
     check "--synth '$bad': exit 2 with a message, no file" \
         bash -c "test $rc -eq 2 && test -s '$T/err' && test ! -e '$T/b.gguf' && test ! -e '$T/b.gguf.part'"
 done
+"$P" --synth qwen3-30b-a3b:1000 "$T/big.gguf" >/dev/null 2>"$T/err"; rc=$?
+check "a model larger than the RAM available (1,000 layers, about 350 GiB): refused, no file" \
+    bash -c "test $rc -eq 2 && grep -q 'GiB of RAM is available' '$T/err' && test ! -e '$T/big.gguf' &&
+             test ! -e '$T/big.gguf.part'"
 "$P" --synth qwen3-moe-tiny >/dev/null 2>"$T/err"; rc=$?
 check "--synth without a file: exit 2" test $rc -eq 2
 "$P" --synth qwen3-moe-tiny "$T/c.gguf" "$T/d.gguf" >/dev/null 2>"$T/err"; rc=$?
