@@ -364,49 +364,44 @@ static void free_tensors(struct tensors *t)
     free(t->bufs);
 }
 
-int strata_synth_size(const struct strata_synth_opts *o, uint64_t *bytes,
-                      struct strata_err *err)
+/* Build o's model and write it to path, or into *buf, or (dry: its bytes counted, none
+ * made) nowhere; *bytes (may be NULL) gets the tensors' bytes. */
+static int synth_run(const struct strata_synth_opts *o, int dry, const char *path, void **buf,
+                     size_t *size, uint64_t *bytes, struct strata_err *err)
 {
     struct strata_gguf_writer *w = NULL;
-    struct tensors t = {NULL, 0, 0, 1, 0};
-    *bytes = 0;
+    struct tensors t = {NULL, 0, 0, dry, 0};
     int rc = strata_gguf_writer_create(&w, err);
     if (!rc)
         rc = build(o, w, &t, err);
+    if (!rc && path)
+        rc = strata_gguf_writer_write_file(w, path, err);
+    else if (!rc && buf)
+        rc = strata_gguf_writer_write_mem(w, buf, size, err);
     strata_gguf_writer_free(w);
-    if (!rc)
+    free_tensors(&t);
+    if (!rc && bytes)
         *bytes = t.bytes;
     return rc;
+}
+
+int strata_synth_size(const struct strata_synth_opts *o, uint64_t *bytes,
+                      struct strata_err *err)
+{
+    *bytes = 0;
+    return synth_run(o, 1, NULL, NULL, NULL, bytes, err);
 }
 
 int strata_synth_build(const struct strata_synth_opts *o, void **buf, size_t *size,
                        struct strata_err *err)
 {
-    struct strata_gguf_writer *w = NULL;
-    struct tensors t = {NULL, 0, 0, 0, 0};
     *buf = NULL;
     *size = 0;
-    int rc = strata_gguf_writer_create(&w, err);
-    if (!rc)
-        rc = build(o, w, &t, err);
-    if (!rc)
-        rc = strata_gguf_writer_write_mem(w, buf, size, err);
-    strata_gguf_writer_free(w);
-    free_tensors(&t);
-    return rc;
+    return synth_run(o, 0, NULL, buf, size, NULL, err);
 }
 
 int strata_synth_write(const struct strata_synth_opts *o, const char *path,
                        struct strata_err *err)
 {
-    struct strata_gguf_writer *w = NULL;
-    struct tensors t = {NULL, 0, 0, 0, 0};
-    int rc = strata_gguf_writer_create(&w, err);
-    if (!rc)
-        rc = build(o, w, &t, err);
-    if (!rc)
-        rc = strata_gguf_writer_write_file(w, path, err);
-    strata_gguf_writer_free(w);
-    free_tensors(&t);
-    return rc;
+    return synth_run(o, 0, path, NULL, NULL, NULL, err);
 }
