@@ -11,6 +11,7 @@
 #include "gguf.h"
 #include "gguf_dump.h"
 #include "log.h"
+#include "pack.h"
 #include "prepare.h"
 #include "synth.h"
 
@@ -56,20 +57,6 @@ static const char usage_text[] =
     "  -h, --help      show this help\n"
     "  --version       show the version\n";
 
-/* MemAvailable of /proc/meminfo in bytes, or 0 when unknown. */
-static uint64_t mem_available(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    unsigned long long kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return (uint64_t)kb * 1024;
-}
-
 /* --synth SHAPE[:LAYERS[:FTYPE]] FILE: a synthetic model (lib/synth.h), written to
  * FILE.part and renamed, so no half-written FILE is ever left. */
 static int run_synth(const char *spec, const char *path, int force)
@@ -105,7 +92,7 @@ static int run_synth(const char *spec, const char *path, int force)
     struct strata_synth_opts o = {shape, (int)layers, ftype, 42};
     /* the weights are made in memory before they are written: refuse what the machine
      * cannot hold rather than be killed for it */
-    uint64_t need = 0, avail = mem_available();
+    uint64_t need = 0, avail = strata_mem_available();
     int rc = strata_synth_size(&o, &need, &err);
     if (!rc && avail && need > avail / 10 * 9) {
         fprintf(stderr, "strata-prepare: --synth %s makes %.1f GiB of weights in memory before "

@@ -115,7 +115,7 @@ static uint32_t hp_u32(const struct strata_gguf *g, const char *arch, const char
     return v;
 }
 
-static uint64_t mem_available(void)
+uint64_t strata_mem_available(void)
 {
     FILE *f = fopen("/proc/meminfo", "r");
     char line[256];
@@ -307,7 +307,7 @@ static void fill_info(const struct strata_gguf *g, const struct strata_pack_laye
     o->vram_min = o->dense_bytes + o->kv_bytes_per_token * o->n_ctx + o->scratch_bytes;
     o->vram_full = o->vram_min + o->expert_bytes;
     if (low_ram < 0) {
-        uint64_t avail = mem_available();
+        uint64_t avail = strata_mem_available();
         low_ram = avail && o->expert_bytes + o->dense_bytes > avail / 10 * 9;
     }
     o->low_ram = low_ram;

@@ -228,6 +228,9 @@ int strata_pack_remove_tree(const char *dir, struct strata_err *err);
 int strata_pack_plan_gguf(const struct strata_gguf *g, uint32_t n_ctx, int low_ram,
                           struct strata_pack_info *out, struct strata_err *err);
 
+/* MemAvailable of /proc/meminfo in bytes, or 0 when it cannot be read. */
+uint64_t strata_mem_available(void);
+
 /* Write n bytes at offset to fd, retrying short writes.  The test hook
  * STRATA_FAULT_ENOSPC_AT=N (environment) makes any write that would reach
  * past file offset N fail with ENOSPC, as a full disk does.  Returns 0 or

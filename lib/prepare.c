@@ -501,15 +501,8 @@ static int plan(struct job *j, uint64_t *need_out, struct strata_err *err)
     } else if (j->arch) {
         int lr = o->low_ram;
         if (lr < 0) {
-            FILE *m = fopen("/proc/meminfo", "r");
-            char line[256];
-            uint64_t kb = 0;
-            while (m && fgets(line, sizeof(line), m))
-                if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kb) == 1)
-                    break;
-            if (m)
-                fclose(m);
-            lr = kb && total > kb * 1024 / 10 * 9;
+            uint64_t avail = strata_mem_available();
+            lr = avail && total > avail / 10 * 9;
         }
         estimate(j->arch, total, o->n_ctx, lr, &j->info);
         j->est = 1;

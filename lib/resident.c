@@ -22,6 +22,7 @@
 #include <cjson/cJSON.h>
 
 #include "gguf.h"
+#include "pack.h"
 #include "sha256.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -112,20 +113,6 @@ static struct strata_resident_file *meta_files(const struct meta_hdr *m)
 static void obj_name(char *dst, size_t cap, const char *name, const char *ext)
 {
     snprintf(dst, cap, "/%s.%s", name, ext);
-}
-
-static uint64_t mem_available(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    char line[256];
-    uint64_t kb = 0;
-    if (!f)
-        return 0;
-    while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "MemAvailable: %" SCNu64 " kB", &kb) == 1)
-            break;
-    fclose(f);
-    return kb * 1024;
 }
 
 
@@ -727,7 +714,7 @@ int strata_resident_load(const struct strata_resident_load_opts *o,
     if ((rc = strata_resident_describe(o->pack, &img->pack, err)))
         goto out;
     struct strata_resident_pack *p = &img->pack;
-    uint64_t need = p->data_bytes, avail = mem_available();
+    uint64_t need = p->data_bytes, avail = strata_mem_available();
     if (avail && need + o->reserve_bytes > avail) {
         rc = strata_err_set(err, STRATA_E_NOMEM,
                             "'%s' needs %.2f GiB of memory; MemAvailable is %.2f GiB and "

@@ -186,21 +186,22 @@ static int cand_cmp(const void *a, const void *b)
     return x->id < y->id ? -1 : x->id > y->id;
 }
 
+/* 1 if p's penalties change no logit whatever the history. */
+static int penalties_off(const struct strata_sampler_params *p)
+{
+    return p->penalty_last_n == 0 ||
+           (p->repeat_penalty == 1.0f && p->presence_penalty == 0 && p->frequency_penalty == 0);
+}
+
 int strata_sampler_is_argmax(const struct strata_sampler *s)
 {
-    const struct strata_sampler_params *p = &s->p;
-    return p->temperature <= 0 &&
-           (p->penalty_last_n == 0 || (p->repeat_penalty == 1.0f && p->presence_penalty == 0 &&
-                                       p->frequency_penalty == 0));
+    return s->p.temperature <= 0 && penalties_off(&s->p);
 }
 
 /* 1 if apply_penalties would change any logit. */
 static int penalties_on(const struct strata_sampler *s)
 {
-    const struct strata_sampler_params *p = &s->p;
-    return !(p->penalty_last_n == 0 || s->n_hist == 0 ||
-             (p->repeat_penalty == 1.0f && p->presence_penalty == 0 &&
-              p->frequency_penalty == 0));
+    return !(s->n_hist == 0 || penalties_off(&s->p));
 }
 
 static void apply_penalties(struct strata_sampler *s, float *l)
