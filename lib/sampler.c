@@ -19,6 +19,7 @@ struct strata_sampler {
     size_t n_hist, cap_hist;
     int32_t *count;  /* [n_vocab] scratch, all zero between calls */
     float *work;     /* [n_vocab] penalised logits */
+    float *prob;     /* [n_vocab] draw_all's weights */
     struct cand *cand; /* [n_vocab] */
 };
 
@@ -101,7 +102,8 @@ int strata_sampler_create(struct strata_sampler **out, const struct strata_sampl
     s->count = calloc((size_t)n_vocab, sizeof *s->count);
     s->work = malloc((size_t)n_vocab * sizeof *s->work);
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
-    if (!s->count || !s->work || !s->cand) {
+    s->prob = malloc((size_t)n_vocab * sizeof *s->prob);
+    if (!s->count || !s->work || !s->cand || !s->prob) {
         rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
         goto out;
     }
@@ -121,6 +123,7 @@ void strata_sampler_free(struct strata_sampler *s)
     free(s->count);
     free(s->work);
     free(s->cand);
+    free(s->prob);
     free(s);
 }
 
@@ -174,16 +177,6 @@ float strata_sampler_logprob(const float *logits, int32_t n_vocab, int32_t id)
     float mx;
     double lse = log_sum_exp(logits, n_vocab, &mx);
     return (float)((double)logits[id] - mx - lse);
-}
-
-/* descending logit, then ascending id: a total order, so results never
- * depend on the sort algorithm */
-static int cand_cmp(const void *a, const void *b)
-{
-    const struct cand *x = a, *y = b;
-    if (x->logit != y->logit)
-        return x->logit > y->logit ? -1 : 1;
-    return x->id < y->id ? -1 : x->id > y->id;
 }
 
 /* 1 if p's penalties change no logit whatever the history. */
@@ -256,51 +249,72 @@ static void top_logprobs(const float *logits, int32_t n_vocab, struct strata_tok
     }
 }
 
-int32_t strata_sampler_sample(struct strata_sampler *s, const float *logits, float *logprob,
-                              struct strata_token_prob *top, int n_top)
+/* x ranks before (w, j) in the candidates' order: larger logit first, the lower id
+ * among equal ones (-0 equals +0), NaN after every number */
+static inline int ranks_before(float v, int32_t i, float w, int32_t j)
+{
+    if (v != w) {
+        if (w != w)
+            return v == v;
+        return v > w;
+    }
+    return i < j; /* equal, or both NaN */
+}
+
+/* The k best of logits [n] (0 < k <= n) into c [k], best first: one pass that keeps
+ * the k best seen so far in order (k is small; most logits are below the k-th and
+ * cost one comparison). */
+static void topk_cands(const float *l, int32_t n, int32_t k, struct cand *c)
+{
+    int32_t m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (m == k && (i & 15) == 0 && i + 16 <= n) {
+            /* 16 at a time while none beats the k-th: a later id never ranks
+             * before an equal logit, and NaN compares false */
+            const float t = c[k - 1].logit;
+            int any = 0;
+            for (int32_t j = 0; j < 16; j++)
+                any |= l[i + j] > t || t != t;
+            if (!any) {
+                i += 15;
+                continue;
+            }
+        }
+        float v = l[i];
+        if (m == k && !ranks_before(v, i, c[k - 1].logit, c[k - 1].id))
+            continue;
+        int32_t j = m < k ? m++ : k - 1;
+        while (j > 0 && ranks_before(v, i, c[j - 1].logit, c[j - 1].id)) {
+            c[j] = c[j - 1];
+            j--;
+        }
+        c[j].id = i;
+        c[j].logit = v;
+    }
+}
+
+void strata_sampler_topk(const float *logits, int32_t n, int32_t k, int32_t *ids, float *vals)
+{
+    struct cand c[STRATA_SAMPLER_TOPK_MAX];
+    if (k > STRATA_SAMPLER_TOPK_MAX)
+        k = STRATA_SAMPLER_TOPK_MAX;
+    if (k > n)
+        k = n;
+    if (k < 1)
+        return;
+    topk_cands(logits, n, k, c);
+    for (int32_t i = 0; i < k; i++) {
+        ids[i] = c[i].id;
+        vals[i] = c[i].logit;
+    }
+}
+
+/* After top-k: top-p, min-p and temperature over the n candidates c (best first),
+ * then the draw.  The probabilities are relative to the best candidate, before
+ * temperature (llama.cpp's default chain applies top-p and min-p before temp). */
+static int32_t draw_sorted(struct strata_sampler *s, struct cand *c, size_t n)
 {
     const struct strata_sampler_params *p = &s->p;
-    const int32_t nv = s->n_vocab;
-    const float *l = logits;
-    int32_t id;
-    if (penalties_on(s)) {
-        /* a copy only when penalties change it (608 KB a token at 151,936 tokens) */
-        memcpy(s->work, logits, (size_t)nv * sizeof *s->work);
-        apply_penalties(s, s->work);
-        l = s->work;
-    }
-
-    if (p->temperature <= 0) {
-        id = strata_sampler_argmax(l, nv);
-        goto done;
-    }
-
-    struct cand *c = s->cand;
-    size_t n = (size_t)nv;
-    for (int32_t i = 0; i < nv; i++) {
-        c[i].id = i;
-        c[i].logit = l[i];
-    }
-    /* top-k: keep the k best (a bounded insertion pass, then sorted) */
-    if (p->top_k > 0 && (size_t)p->top_k < n) {
-        size_t k = (size_t)p->top_k, m = 0;
-        for (int32_t i = 0; i < nv; i++) {
-            struct cand x = { i, l[i], 0 };
-            if (m == k && cand_cmp(&x, &c[m - 1]) >= 0)
-                continue;
-            size_t j = m < k ? m++ : m - 1;
-            while (j > 0 && cand_cmp(&x, &c[j - 1]) < 0) {
-                c[j] = c[j - 1];
-                j--;
-            }
-            c[j] = x;
-        }
-        n = k;
-    } else {
-        qsort(c, n, sizeof *c, cand_cmp);
-    }
-    /* probabilities of the survivors (before temperature, as llama.cpp's
-     * default chain applies top-p and min-p before temp) */
     double sum = 0;
     for (size_t i = 0; i < n; i++) {
         c[i].p = (float)exp((double)c[i].logit - c[0].logit);
@@ -332,18 +346,150 @@ int32_t strata_sampler_sample(struct strata_sampler *s, const float *logits, flo
         sum += c[i].p;
     }
     double u = rng_uniform(s->rng) * sum, cum = 0;
-    id = c[n - 1].id;
     for (size_t i = 0; i < n; i++) {
         cum += c[i].p;
-        if (u < cum) {
-            id = c[i].id;
-            break;
-        }
+        if (u < cum)
+            return c[i].id;
     }
-done:
+    return c[n - 1].id;
+}
+
+/* the candidates' order as a qsort comparison: a total order, so results never
+ * depend on the sort algorithm */
+static int cand_cmp(const void *a, const void *b)
+{
+    const struct cand *x = a, *y = b;
+    return ranks_before(x->logit, x->id, y->logit, y->id) ? -1
+           : ranks_before(y->logit, y->id, x->logit, x->id) ? 1 : 0;
+}
+
+/* Without top-k: the whole vocabulary.  Sorting 151,936 candidates cost 20 ms a token,
+ * so only the ones top-p and min-p can keep are sorted: p_i = exp(l_i - l_max) for
+ * every token (float), min-p keeps exactly {p_i >= min_p}, and top-p the shortest
+ * sorted prefix whose sum reaches top_p of the total, found among {p_i >= t} for
+ * falling t (those are a prefix of the sorted order, so the cut is the one a full sort
+ * gives).  With neither the draw walks the vocabulary in id order. */
+static int32_t draw_all(struct strata_sampler *s, const float *l)
+{
+    const struct strata_sampler_params *p = &s->p;
+    const int32_t nv = s->n_vocab;
+    struct cand *c = s->cand;
+    float mx = l[0];
+    for (int32_t i = 1; i < nv; i++)
+        if (l[i] > mx || mx != mx)
+            mx = l[i];
+    double sum = 0;
+    for (int32_t i = 0; i < nv; i++)
+        sum += (double)(s->prob[i] = expf(l[i] - mx)); /* NaN stays NaN: never kept */
+    size_t n = (size_t)nv;
+    int sorted = 0;
+    if (p->top_p < 1.0f || p->min_p > 0) {
+        static const float steps[] = { 1e-3f, 1e-6f, 1e-9f, 0.0f };
+        for (size_t si = 0; si < sizeof steps / sizeof *steps; si++) {
+            float t = p->min_p > 0 ? p->min_p : steps[si];
+            n = 0;
+            for (int32_t i = 0; i < nv; i++)
+                if (s->prob[i] >= t) {
+                    c[n].id = i;
+                    c[n].logit = l[i];
+                    c[n].p = s->prob[i];
+                    n++;
+                }
+            qsort(c, n, sizeof *c, cand_cmp);
+            size_t keep = n;
+            int reached = p->top_p >= 1.0f;
+            if (!reached) {
+                double cum = 0;
+                for (size_t i = 0; i < n; i++) {
+                    cum += c[i].p / sum;
+                    if (cum >= p->top_p) {
+                        keep = i + 1;
+                        reached = 1;
+                        break;
+                    }
+                }
+            }
+            n = keep;
+            if (reached || p->min_p > 0 || t == 0.0f)
+                break;
+        }
+        sorted = 1;
+    }
+    if (n == 0)
+        return strata_sampler_argmax(l, nv); /* every logit NaN */
+    /* temperature, then draw (in sorted order, or the vocabulary's) */
+    sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        float v = sorted ? c[i].logit : l[i];
+        float q = expf((v - mx) / p->temperature);
+        if (sorted)
+            c[i].p = q;
+        else
+            s->prob[i] = q == q ? q : 0;
+        sum += sorted ? q : s->prob[i];
+    }
+    double u = rng_uniform(s->rng) * sum, cum = 0;
+    for (size_t i = 0; i < n; i++) {
+        cum += sorted ? c[i].p : s->prob[i];
+        if (u < cum)
+            return sorted ? c[i].id : (int32_t)i;
+    }
+    if (sorted)
+        return c[n - 1].id;
+    for (int32_t i = nv - 1; i > 0; i--) /* the last token that had any weight */
+        if (s->prob[i] > 0)
+            return i;
+    return 0;
+}
+
+int32_t strata_sampler_sample(struct strata_sampler *s, const float *logits, float *logprob,
+                              struct strata_token_prob *top, int n_top)
+{
+    const struct strata_sampler_params *p = &s->p;
+    const int32_t nv = s->n_vocab;
+    const float *l = logits;
+    int32_t id;
+    if (penalties_on(s)) {
+        /* a copy only when penalties change it (608 KB a token at 151,936 tokens) */
+        memcpy(s->work, logits, (size_t)nv * sizeof *s->work);
+        apply_penalties(s, s->work);
+        l = s->work;
+    }
+    if (p->temperature <= 0) {
+        id = strata_sampler_argmax(l, nv);
+    } else if (p->top_k > 0 && p->top_k < nv) {
+        topk_cands(l, nv, p->top_k, s->cand);
+        id = draw_sorted(s, s->cand, (size_t)p->top_k);
+    } else {
+        id = draw_all(s, l);
+    }
     if (logprob)
         *logprob = strata_sampler_logprob(logits, nv, id);
     if (top && n_top > 0)
         top_logprobs(logits, nv, top, n_top);
     return id;
+}
+
+int strata_sampler_topk_k(const struct strata_sampler *s)
+{
+    const struct strata_sampler_params *p = &s->p;
+    return p->temperature > 0 && penalties_off(p) && p->top_k > 0 && p->top_k < s->n_vocab &&
+                   p->top_k <= STRATA_SAMPLER_TOPK_MAX
+               ? p->top_k
+               : 0;
+}
+
+int32_t strata_sampler_sample_topk(struct strata_sampler *s, const int32_t *ids,
+                                   const float *vals, int32_t k)
+{
+    struct cand c[STRATA_SAMPLER_TOPK_MAX];
+    if (k > STRATA_SAMPLER_TOPK_MAX)
+        k = STRATA_SAMPLER_TOPK_MAX;
+    if (k < 1)
+        return -1;
+    for (int32_t i = 0; i < k; i++) {
+        c[i].id = ids[i];
+        c[i].logit = vals[i];
+    }
+    return draw_sorted(s, c, (size_t)k);
 }

@@ -10,6 +10,8 @@
  *   repetition: a seen token's logit l becomes l / rp when l > 0, l * rp else
  *   frequency/presence: l -= count * freq + (count > 0) * presence
  *   top-k: keep the k largest logits (k <= 0 disables; k >= n_vocab keeps all)
+ *          (without top-k only the tokens top-p and min-p can keep are sorted, and
+ *          with neither the draw walks the vocabulary in id order)
  *   top-p: keep the smallest prefix of tokens sorted by probability whose
  *          cumulative probability reaches top_p (at least one token; 1 disables)
  *   min-p: keep tokens with p >= min_p * p_max (0 disables)
@@ -79,6 +81,24 @@ int32_t strata_sampler_sample(struct strata_sampler *s, const float *logits, flo
  * the argmax where the logits are (strata_engine_eval_argmax). */
 int strata_sampler_is_argmax(const struct strata_sampler *s);
 
+/* The most candidates strata_sampler_topk and strata_sampler_sample_topk take. */
+#define STRATA_SAMPLER_TOPK_MAX 64
+
+/* k (1..STRATA_SAMPLER_TOPK_MAX) if every choice of s depends only on the k largest
+ * raw logits (temperature > 0, top_k = k, no penalty that can change a logit), else 0:
+ * a caller may then find those where the logits are (strata_engine_eval_topk) and
+ * draw with strata_sampler_sample_topk. */
+int strata_sampler_topk_k(const struct strata_sampler *s);
+/* Draw from the k largest raw logits of a step, best first (ids [k], vals [k], as
+ * strata_sampler_topk orders them; k = strata_sampler_topk_k(s)): the same token, and
+ * the same draw from the RNG, as strata_sampler_sample on the whole row.  Returns -1
+ * when k < 1. */
+int32_t strata_sampler_sample_topk(struct strata_sampler *s, const int32_t *ids,
+                                   const float *vals, int32_t k);
+/* The k largest of logits [n] (k clamped to 1..min(n, STRATA_SAMPLER_TOPK_MAX)) into
+ * ids [k] and vals [k], best first: larger logit first, the lower id among equal ones
+ * (-0 equals +0), NaN after every number. */
+void strata_sampler_topk(const float *logits, int32_t n, int32_t k, int32_t *ids, float *vals);
 /* Index of the largest logit (the first on ties). */
 int32_t strata_sampler_argmax(const float *logits, int32_t n_vocab);
 

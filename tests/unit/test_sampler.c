@@ -1,6 +1,7 @@
 /* test_sampler.c - sampler: greedy, top-k, top-p, min-p, penalties, seeds. */
 #include <math.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "sampler.h"
@@ -39,6 +40,219 @@ static int n_distinct(const int32_t *a, int n)
         if (a[i] >= 0 && a[i] < NV && !seen[a[i]]++)
             d++;
     return d;
+}
+
+
+/* rank of (v, i) before (w, j): larger first, lower id on ties, NaN last */
+static int before_ref(float v, int i, float w, int j)
+{
+    if (isnan(v) || isnan(w))
+        return !isnan(v) && isnan(w) ? 1 : isnan(v) && isnan(w) ? i < j : 0;
+    if (v == w)
+        return i < j;
+    return v > w;
+}
+
+/* the k best of l [n] by repeated scans (the definition, not the sampler's pass) */
+static void topk_ref(const float *l, int n, int k, int32_t *ids)
+{
+    char *used = calloc((size_t)n, 1);
+    for (int j = 0; j < k; j++) {
+        int b = -1;
+        for (int i = 0; i < n; i++)
+            if (!used[i] && (b < 0 || before_ref(l[i], i, l[b], b)))
+                b = i;
+        used[b] = 1;
+        ids[j] = b;
+    }
+    free(used);
+}
+
+static uint64_t lcg(uint64_t *x)
+{
+    *x = *x * 6364136223846793005ull + 1442695040888963407ull;
+    return *x >> 33;
+}
+
+/* top-k of rows with ties, NaN, -0/+0 and -inf against topk_ref; k = 1, 7, 40, 64 */
+static void test_topk(void)
+{
+    enum { N = 5000 };
+    static float l[N];
+    uint64_t x = 7;
+    int good = 1;
+    for (int round = 0; round < 6 && good; round++) {
+        for (int i = 0; i < N; i++) {
+            /* round 0-1: few distinct values (many ties); then continuous */
+            l[i] = round < 2 ? (float)(lcg(&x) % 50) - 25.0f
+                             : (float)((double)lcg(&x) / 2147483648.0 * 40.0 - 20.0);
+        }
+        if (round == 2) {
+            l[10] = NAN;
+            l[4000] = NAN;
+            l[11] = 19.99999f;
+        }
+        if (round == 3) {
+            for (int i = 0; i < N; i++)
+                l[i] = (i % 3) ? -INFINITY : (i % 2 ? -0.0f : 0.0f);
+        }
+        if (round == 4)
+            for (int i = 0; i < N; i++)
+                l[i] = i % 5 ? NAN : l[i];
+        const int ks[] = { 1, 7, 40, 64 };
+        for (int q = 0; q < 4 && good; q++) {
+            int k = ks[q];
+            int32_t got[64], want[64];
+            float vals[64];
+            strata_sampler_topk(l, N, k, got, vals);
+            topk_ref(l, N, k, want);
+            for (int j = 0; j < k && good; j++) {
+                good = got[j] == want[j] && (memcmp(&vals[j], &l[want[j]], 4) == 0 ||
+                                              (isnan(vals[j]) && isnan(l[want[j]])));
+                if (!good)
+                    diag("round %d k %d: place %d has %d, the definition %d", round, k, j,
+                         got[j], want[j]);
+            }
+        }
+    }
+    ok(good, "strata_sampler_topk: the k best, ties to the lower id, -0 equal to +0, NaN last");
+    int32_t few[4] = { -5, -5, -5, -5 };
+    float v4[4];
+    const float l3[3] = { 1, 3, 2 };
+    strata_sampler_topk(l3, 3, 99, few, v4);
+    ok(few[0] == 1 && few[1] == 2 && few[2] == 0 && few[3] == -5,
+       "k above n is clamped to n (%d %d %d %d)", few[0], few[1], few[2], few[3]);
+}
+
+/* sample_topk on the k best gives sample's tokens on the whole row, draw for draw */
+static void test_sample_topk(void)
+{
+    enum { V = 3000 };
+    static float l[V];
+    struct strata_sampler_params p;
+    struct strata_sampler *a = NULL, *b = NULL;
+    struct strata_err err = { 0 };
+    strata_sampler_params_init(&p);
+    p.temperature = 0.9f;
+    p.seed = 11;
+    p.top_p = 0.97f;
+    p.min_p = 0.01f;
+    int same = 1, k = 0, n_distinct_tok = 0;
+    char seen[V] = { 0 };
+    uint64_t x = 3;
+    if (strata_sampler_create(&a, &p, V, &err) || strata_sampler_create(&b, &p, V, &err)) {
+        ok(0, "samplers: %s", err.msg);
+        return;
+    }
+    k = strata_sampler_topk_k(a);
+    for (int r = 0; r < 300 && same; r++) {
+        for (int i = 0; i < V; i++)
+            l[i] = (float)((double)lcg(&x) / 2147483648.0 * 6.0);
+        int32_t ids[STRATA_SAMPLER_TOPK_MAX];
+        float vals[STRATA_SAMPLER_TOPK_MAX];
+        strata_sampler_topk(l, V, k, ids, vals);
+        int32_t t1 = strata_sampler_sample(a, l, NULL, NULL, 0);
+        int32_t t2 = strata_sampler_sample_topk(b, ids, vals, k);
+        same = t1 == t2;
+        if (!seen[t1]++)
+            n_distinct_tok++;
+    }
+    ok(k == 40 && same && n_distinct_tok > 50,
+       "sample_topk draws sample's tokens (k %d, %d distinct tokens in 300 draws)", k,
+       n_distinct_tok);
+    strata_sampler_free(a);
+    strata_sampler_free(b);
+
+    /* when the k best are not enough */
+    const struct {
+        float temp, rp, pres;
+        int top_k;
+        const char *what;
+    } no[] = { { 0, 1, 0, 40, "greedy" },       { 0.8f, 1.1f, 0, 40, "repeat penalty" },
+               { 0.8f, 1, 0.5f, 40, "presence penalty" }, { 0.8f, 1, 0, 0, "top_k 0" },
+               { 0.8f, 1, 0, 65, "top_k above the limit" } };
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++) {
+        strata_sampler_params_init(&p);
+        p.temperature = no[i].temp;
+        p.repeat_penalty = no[i].rp;
+        p.presence_penalty = no[i].pres;
+        p.top_k = no[i].top_k;
+        if (strata_sampler_create(&a, &p, V, &err) == 0) {
+            ok(strata_sampler_topk_k(a) == 0, "no top-k shortcut with %s", no[i].what);
+            strata_sampler_free(a);
+        }
+    }
+}
+
+/* without top-k: top-p and min-p keep the sorted prefix a full sort defines */
+static void test_no_topk(void)
+{
+    enum { V = 20000 };
+    static float l[V], pr[V];
+    uint64_t x = 5;
+    for (int i = 0; i < V; i++)
+        l[i] = (float)((double)lcg(&x) / 2147483648.0 * 12.0);
+    float mx = l[0];
+    for (int i = 1; i < V; i++)
+        mx = l[i] > mx ? l[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < V; i++)
+        sum += pr[i] = expf(l[i] - mx);
+    struct strata_sampler_params p;
+    struct strata_sampler *s = NULL;
+    struct strata_err err = { 0 };
+    const float top_ps[] = { 0.3f, 1.0f, 1.0f };
+    const float min_ps[] = { 0.0f, 0.9f, 0.0f };
+    for (int c = 0; c < 3; c++) {
+        strata_sampler_params_init(&p);
+        p.top_k = 0;
+        p.temperature = 1.0f;
+        p.top_p = top_ps[c];
+        p.min_p = min_ps[c];
+        p.seed = 9;
+        if (strata_sampler_create(&s, &p, V, &err)) {
+            ok(0, "sampler: %s", err.msg);
+            return;
+        }
+        /* the kept set by definition: tokens sorted by logit, the prefix whose share of
+         * the total reaches top_p; min_p: p_i >= min_p */
+        float thr = -INFINITY; /* smallest kept logit */
+        if (c == 0) {
+            static float sorted[V];
+            memcpy(sorted, l, sizeof sorted);
+            for (int i = 1; i < V; i++) /* insertion sort of 20,000: fine for a test */
+                for (int j = i; j > 0 && sorted[j] > sorted[j - 1]; j--) {
+                    float t = sorted[j];
+                    sorted[j] = sorted[j - 1];
+                    sorted[j - 1] = t;
+                }
+            double cum = 0;
+            for (int i = 0; i < V; i++) {
+                cum += expf(sorted[i] - mx) / sum;
+                if (cum >= p.top_p) {
+                    thr = sorted[i];
+                    break;
+                }
+            }
+        } else if (c == 1) {
+            thr = INFINITY;
+            for (int i = 0; i < V; i++)
+                if (pr[i] >= p.min_p && l[i] < thr)
+                    thr = l[i];
+        }
+        int inside = 1, distinct = 0;
+        static char seen[V];
+        memset(seen, 0, sizeof seen);
+        for (int r = 0; r < 400; r++) {
+            int32_t t = strata_sampler_sample(s, l, NULL, NULL, 0);
+            inside &= t >= 0 && t < V && l[t] >= thr;
+            distinct += !seen[t]++;
+        }
+        ok(inside && distinct > (c == 2 ? 300 : 5),
+           "top_k 0, top_p %g, min_p %g: every draw inside the kept set (%d distinct)",
+           p.top_p, p.min_p, distinct);
+        strata_sampler_free(s);
+    }
 }
 
 int main(void)
@@ -218,5 +432,8 @@ int main(void)
         ok(rc == STRATA_E_INVALID && strstr(err.msg, "min_p"), "min_p -1 refused");
         ok(s == NULL, "no sampler on error");
     }
+    test_topk();
+    test_sample_topk();
+    test_no_topk();
     return tap_done();
 }
