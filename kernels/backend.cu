@@ -43,6 +43,8 @@ extern "C" {
 #define MATVEC_MAX 17
 #define PROF_MAX_EV 512
 #define PROF_MAX_OPS 64
+/* STRATA_LOGITS_TOPK: 64 ids and values, and strata_k_topk's scratch (P x k <= 4096 keys) */
+#define TOPK_BYTES (8 * STRATA_K_TOPK_MAX + 8 * 4096)
 
 struct dev_layer {
     float *attn_norm, *ffn_norm, *q_norm, *k_norm;
@@ -130,6 +132,9 @@ struct gpu_state {
     int tab_now; /* this forward is such a step (strata_gpu_ec_decode_graph said so) */
     float *h_logits; /* pinned staging of one logits row (or of an argmax id) */
     int32_t *d_amax; /* the argmax id of STRATA_LOGITS_ARGMAX */
+    /* STRATA_LOGITS_TOPK: k ids, then k values (the layout the engine takes), then
+     * strata_k_topk's scratch */
+    int32_t *d_topk;
     /* STRATA_GPU_PROFILE=1: events between the launches of a forward pass (no graph);
      * per-operation totals are logged when the backend is freed */
     int prof;
@@ -1037,9 +1042,13 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
             goto out;
     }
 #endif
-    if ((rc = gpu_call(s, cudaMallocHost((void **)&s->h_logits, 4 * (size_t)s->n_vocab),
+    if ((rc = gpu_call(s, cudaMallocHost((void **)&s->h_logits,
+                                         4 * (size_t)(s->n_vocab > 2 * STRATA_K_TOPK_MAX
+                                                          ? s->n_vocab
+                                                          : 2 * STRATA_K_TOPK_MAX)),
                        "cudaMallocHost (logits)", err)) ||
-        (rc = dalloc(s, (void **)&s->d_amax, 256, "argmax id", err)))
+        (rc = dalloc(s, (void **)&s->d_amax, 256, "argmax id", err)) ||
+        (rc = dalloc(s, (void **)&s->d_topk, TOPK_BYTES, "top-k logits", err)))
         goto out;
     if ((o->backend_cfg && (rc = place_experts(s, o, pool, err))) || (rc = blas_warm(s, err)))
         goto out;
@@ -1628,8 +1637,22 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
         return rc;
     }
     size_t rows = all ? (size_t)n : 1;
-    const int amax = b->logits == STRATA_LOGITS_ARGMAX;
-    if (amax) {
+    const int amax = b->logits == STRATA_LOGITS_ARGMAX, topk = b->logits == STRATA_LOGITS_TOPK;
+    const int k = topk ? b->top_k : 0;
+    if (topk) {
+        /* top-k sampling: the k largest found on the device, 8 k bytes back */
+        if (k < 1 || k > STRATA_K_TOPK_MAX || k > s->n_vocab ||
+            strata_k_topk_scratch(s->n_vocab, 1, k) > TOPK_BYTES - 8 * STRATA_K_TOPK_MAX)
+            return strata_k_err(err, STRATA_E_INVALID, "top_k %d outside 1..%d", k,
+                                STRATA_K_TOPK_MAX);
+        if ((rc = strata_k_topk(&s->ctx, s->logits, s->n_vocab, 1, k,
+                                s->d_topk + 2 * STRATA_K_TOPK_MAX, s->d_topk,
+                                (float *)s->d_topk + k, err)) ||
+            (rc = gpu_call(s, cudaMemcpyAsync(s->h_logits, s->d_topk, 8 * (size_t)k,
+                                              cudaMemcpyDeviceToHost, st),
+                           "copy of the top-k logits", err)))
+            return rc;
+    } else if (amax) {
         /* greedy: the id found on the device, 4 bytes back instead of the row */
         if ((rc = strata_k_argmax(&s->ctx, s->logits, s->n_vocab, 1, s->d_amax, err)) ||
             (rc = gpu_call(s, cudaMemcpyAsync(s->h_logits, s->d_amax, 4, cudaMemcpyDeviceToHost,
@@ -1651,6 +1674,13 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
             return strata_k_err(err, STRATA_E_GPU, "greedy step at position %d: no logit is "
                                 "a number (every one NaN)", b->pos0 + n - 1);
         memcpy(logits, &id, 4);
+    } else if (topk) {
+        int32_t id;
+        memcpy(&id, s->h_logits, 4);
+        if (id < 0 || id >= s->n_vocab) /* -1: no logit is a number */
+            return strata_k_err(err, STRATA_E_GPU, "sampling step at position %d: no logit is "
+                                "a number (every one NaN)", b->pos0 + n - 1);
+        memcpy(logits, s->h_logits, 8 * (size_t)k);
     } else if (want && rows == 1)
         memcpy(logits, s->h_logits, 4 * (size_t)s->n_vocab);
     if (s->prof)
@@ -1717,7 +1747,7 @@ static int gpu_expert_stats(void *state, int reset, struct strata_expert_cache *
 
 extern "C" const struct strata_backend_ops strata_backend_gpu_ops = {
     STRATA_GPU_RUNTIME_NAME, gpu_init, gpu_free, gpu_forward, gpu_kv_rollback, gpu_n_devices,
-    gpu_expert_stats, 1,
+    gpu_expert_stats, 1, STRATA_K_TOPK_MAX,
 };
 
 #endif /* STRATA_GPU_HOST_PASS */

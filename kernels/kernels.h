@@ -389,15 +389,28 @@ int strata_k_add(struct strata_gpu_ctx *ctx, const float *a, const float *b, flo
                  struct strata_err *err);
 
 /* For each of n_rows rows of n logits: the index of the largest (the lowest index
- * among equals) -> ids[row]. */
+ * among equals; NaN never wins) -> ids[row], -1 for a row without a number. */
 int strata_k_argmax(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows,
                     int32_t *ids, struct strata_err *err);
 
-/* The k largest logits of each row, in descending order (ties: lower index first):
- * ids [n_rows, k], vals [n_rows, k]; k <= 64.  The engine's sampler applies top_p,
- * min_p and temperature on these on the host. */
+/* The most logits strata_k_topk returns per row. */
+#define STRATA_K_TOPK_MAX 64
+
+/* Bytes of device scratch strata_k_topk needs for these shapes (at most n_rows x 32
+ * KB); 0 for shapes it refuses. */
+size_t strata_k_topk_scratch(int n, int n_rows, int k);
+
+/* The k largest logits of each of n_rows rows of n (1 <= k <= min(n,
+ * STRATA_K_TOPK_MAX)), best first in strata_sampler_topk's order (larger first, the
+ * lower index among equal ones, -0 equal to +0, NaN never): ids [n_rows, k] and vals
+ * [n_rows, k] (either may be NULL); a place without a number left gets id -1 and
+ * -inf.  scratch: strata_k_topk_scratch(n, n_rows, k) bytes of device memory.  Each
+ * part of a row (up to 4,096 logits) is sorted in shared memory by one block, then the
+ * parts' best by one block per row: two launches.  The engine's sampler applies top_p,
+ * min_p and temperature on these on the host.  Errors: STRATA_E_INVALID (shapes,
+ * missing scratch), STRATA_E_GPU. */
 int strata_k_topk(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows, int k,
-                  int32_t *ids, float *vals, struct strata_err *err);
+                  void *scratch, int32_t *ids, float *vals, struct strata_err *err);
 
 /* ---- the fused decode step (decode_step.cu) ----
  * One token through every layer of a MoE model in one persistent kernel: the

@@ -1,4 +1,6 @@
-/* sample.cu - argmax and top-k of logits rows on the device. */
+/* sample.cu - argmax and top-k of logits rows on the device: what sampling needs of a
+ * step's logits (greedy: the id; top-k sampling: the k largest), so that a row of a
+ * 151,936-token vocabulary (608 KB) need not come back to the host. */
 #include "kernels.h"
 
 #include <math.h>
@@ -28,56 +30,154 @@ static __device__ void block_argmax(float *v, int *i, float *sv, int *si)
         better(v, i, sv[w], si[w]);
 }
 
-/* NaN logits never win: they compare false. */
-__global__ void topk_kernel(const float *__restrict__ logits, int n, int k,
-                            int32_t *__restrict__ ids, float *__restrict__ vals)
+/* Block row: the index of the row's largest logit (the lowest among equal ones);
+ * NaN logits never win (they compare false): -1 when no logit is a number. */
+__global__ void argmax_kernel(const float *__restrict__ logits, int n, int32_t *__restrict__ ids)
 {
     __shared__ float sv[STRATA_GPU_MAX_WARP];
     __shared__ int si[STRATA_GPU_MAX_WARP];
     const float *lr = logits + (int64_t)blockIdx.x * n;
-    float last_v = INFINITY;
-    int last_i = -1;
-    for (int j = 0; j < k; j++) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-        for (int e = threadIdx.x; e < n; e += blockDim.x) {
-            float x = lr[e];
-            /* strictly after (last_v, last_i) in (value desc, index asc) order */
-            int after = x < last_v || (x == last_v && e > last_i);
-            if (after && (x > bv || (x == bv && e < bi))) {
-                bv = x;
-                bi = e;
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        float x = lr[e];
+        if (x > bv || (x == bv && e < bi)) {
+            bv = x;
+            bi = e;
+        }
+    }
+    block_argmax(&bv, &bi, sv, si);
+    if (threadIdx.x == 0)
+        ids[blockIdx.x] = bi == 0x7fffffff ? -1 : bi;
+}
+
+/* ---- top-k: a sort of 64-bit keys in shared memory, per part of the row, then of
+ * the parts' best ----
+ * key = (the logit's bits mapped to an unsigned order) << 32 | ~id, so that a larger
+ * key is a larger logit, or the lower id of an equal one; -0 is taken as +0 (equal, as
+ * the host compares them); NaN is key 0, below every number, like the padding. */
+#define TOPK_SORT 4096 /* keys sorted at once: 32 KB of shared memory */
+#define TOPK_THREADS 1024
+
+static __device__ __forceinline__ uint64_t topk_key(float v, int i)
+{
+    if (v != v)
+        return 0;
+    uint32_t b = v == 0.0f ? 0u : __float_as_uint(v);
+    uint32_t o = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((uint64_t)o << 32) | (uint32_t)~(uint32_t)i;
+}
+
+/* s [TOPK_SORT] in descending order (bitonic network; the block's threads share it) */
+static __device__ void topk_sort_desc(uint64_t *s)
+{
+    for (int size = 2; size <= TOPK_SORT; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (int t = threadIdx.x; t < TOPK_SORT / 2; t += blockDim.x) {
+                const int lo = 2 * t - (t & (stride - 1)), hi = lo + stride;
+                const uint64_t a = s[lo], b = s[hi];
+                if ((a < b) == ((lo & size) == 0)) {
+                    s[lo] = b;
+                    s[hi] = a;
+                }
             }
         }
-        block_argmax(&bv, &bi, sv, si);
-        if (bi == 0x7fffffff)
-            bi = -1;
-        if (threadIdx.x == 0) {
-            if (ids)
-                ids[(int64_t)blockIdx.x * k + j] = bi;
-            if (vals)
-                vals[(int64_t)blockIdx.x * k + j] = bv;
+    __syncthreads();
+}
+
+/* Block (b, row): the k best keys of its part of the row (span logits) into
+ * part [(row * P + b) * k ..], k <= TOPK_SORT / 2.  A part longer than TOPK_SORT is
+ * taken in pieces: the k best so far stay at the front while the rest refills. */
+__global__ void topk_part_kernel(const float *__restrict__ logits, int n, int span, int k,
+                                 uint64_t *__restrict__ part)
+{
+    __shared__ uint64_t s[TOPK_SORT];
+    const float *lr = logits + (int64_t)blockIdx.y * n;
+    const int begin = blockIdx.x * span, end = min(n, begin + span);
+    int have = 0;
+    for (int pos = begin;;) {
+        for (int j = have + threadIdx.x; j < TOPK_SORT; j += blockDim.x) {
+            const int e = pos + j - have;
+            s[j] = e < end ? topk_key(lr[e], e) : 0;
         }
-        last_v = bv;
-        last_i = bi;
-        __syncthreads();
+        pos += TOPK_SORT - have;
+        topk_sort_desc(s);
+        have = k;
+        if (pos >= end)
+            break;
+    }
+    uint64_t *out = part + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * k;
+    for (int j = threadIdx.x; j < k; j += blockDim.x)
+        out[j] = s[j];
+}
+
+/* Block row: the k best of the row's n_part * k part keys (<= TOPK_SORT) into ids and
+ * vals [row * k ..]; a key 0 (no number left) gives id -1 and -inf. */
+__global__ void topk_final_kernel(const uint64_t *__restrict__ part, int n_part, int k,
+                                  int32_t *__restrict__ ids, float *__restrict__ vals)
+{
+    __shared__ uint64_t s[TOPK_SORT];
+    const uint64_t *pr = part + (int64_t)blockIdx.x * n_part * k;
+    for (int j = threadIdx.x; j < TOPK_SORT; j += blockDim.x)
+        s[j] = j < n_part * k ? pr[j] : 0;
+    topk_sort_desc(s);
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        const uint64_t key = s[j];
+        const uint32_t o = (uint32_t)(key >> 32);
+        const uint32_t b = (o & 0x80000000u) ? (o & 0x7fffffffu) : ~o;
+        if (ids)
+            ids[(int64_t)blockIdx.x * k + j] = key ? (int32_t)~(uint32_t)key : -1;
+        if (vals)
+            vals[(int64_t)blockIdx.x * k + j] = key ? __uint_as_float(b) : -INFINITY;
     }
 }
 
-int strata_k_topk(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows, int k,
-                  int32_t *ids, float *vals, struct strata_err *err)
+#ifdef STRATA_GPU_HOST_PASS
+/* parts per row: as many TOPK_SORT pieces as the row has, at most what the final sort
+ * holds */
+static int topk_parts(int n, int k)
 {
-    if (n <= 0 || n_rows <= 0 || k <= 0 || k > 64 || k > n)
-        return strata_k_err(err, STRATA_E_INVALID, "topk: bad shape n=%d n_rows=%d k=%d (k <= 64)",
-                            n, n_rows, k);
-    dim3 grid((unsigned)n_rows), block(1024);
-    topk_kernel<<<grid, block, 0, ctx->stream>>>(logits, n, k, ids, vals);
-    return strata_k_check(ctx, "topk_kernel", grid, block, err, "n=%d n_rows=%d k=%d", n, n_rows,
-                          k);
+    int p = (n + TOPK_SORT - 1) / TOPK_SORT, pmax = TOPK_SORT / k;
+    return p < pmax ? p : pmax;
+}
+
+size_t strata_k_topk_scratch(int n, int n_rows, int k)
+{
+    if (n <= 0 || n_rows <= 0 || k <= 0 || k > STRATA_K_TOPK_MAX)
+        return 0;
+    return (size_t)n_rows * (size_t)topk_parts(n, k) * (size_t)k * sizeof(uint64_t);
+}
+
+int strata_k_topk(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows, int k,
+                  void *scratch, int32_t *ids, float *vals, struct strata_err *err)
+{
+    if (n <= 0 || n_rows <= 0 || k <= 0 || k > STRATA_K_TOPK_MAX || k > n || !scratch)
+        return strata_k_err(err, STRATA_E_INVALID, "topk: bad shape n=%d n_rows=%d k=%d (k <= "
+                            "%d, scratch %s)", n, n_rows, k, STRATA_K_TOPK_MAX,
+                            scratch ? "given" : "missing");
+    const int parts = topk_parts(n, k), span = (n + parts - 1) / parts;
+    dim3 grid((unsigned)parts, (unsigned)n_rows), block(TOPK_THREADS);
+    topk_part_kernel<<<grid, block, 0, ctx->stream>>>(logits, n, span, k, (uint64_t *)scratch);
+    int rc = strata_k_check(ctx, "topk_part_kernel", grid, block, err, "n=%d n_rows=%d k=%d", n,
+                            n_rows, k);
+    if (rc)
+        return rc;
+    dim3 g2((unsigned)n_rows);
+    topk_final_kernel<<<g2, block, 0, ctx->stream>>>((const uint64_t *)scratch, parts, k, ids,
+                                                      vals);
+    return strata_k_check(ctx, "topk_final_kernel", g2, block, err, "n_part=%d n_rows=%d k=%d",
+                          parts, n_rows, k);
 }
 
 int strata_k_argmax(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows,
                     int32_t *ids, struct strata_err *err)
 {
-    return strata_k_topk(ctx, logits, n, n_rows, 1, ids, NULL, err);
+    if (n <= 0 || n_rows <= 0)
+        return strata_k_err(err, STRATA_E_INVALID, "argmax: bad shape n=%d n_rows=%d", n,
+                            n_rows);
+    dim3 grid((unsigned)n_rows), block(1024);
+    argmax_kernel<<<grid, block, 0, ctx->stream>>>(logits, n, ids);
+    return strata_k_check(ctx, "argmax_kernel", grid, block, err, "n=%d n_rows=%d", n, n_rows);
 }
+#endif

@@ -1185,9 +1185,10 @@ static int c_sample(int dev, int topk, char *shapes, size_t sc, char *msg, size_
     }
     float *dl = (float *)st_up(&s, l, 4 * n * rows), *dv = (float *)st_dev(&s, 4 * k * rows);
     int32_t *di = (int32_t *)st_dev(&s, 4 * k * rows);
+    void *scr = topk ? st_dev(&s, strata_k_topk_scratch(n, rows, k)) : NULL;
     if (!s.rc) {
         struct strata_err err = {0, ""};
-        int rc = topk ? strata_k_topk(&s.ctx, dl, n, rows, k, di, dv, &err)
+        int rc = topk ? strata_k_topk(&s.ctx, dl, n, rows, k, scr, di, dv, &err)
                       : strata_k_argmax(&s.ctx, dl, n, rows, di, &err);
         st_launched(&s, topk ? "topk" : "argmax", rc, &err, di, 4 * k * rows);
     }

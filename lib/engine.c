@@ -1123,7 +1123,7 @@ static int cpu_kv_rollback(void *state, int32_t n_past, struct strata_err *err)
 }
 
 const struct strata_backend_ops strata_backend_cpu_ops = {
-    "cpu", cpu_init, cpu_free, cpu_forward, cpu_kv_rollback, NULL, NULL, 0,
+    "cpu", cpu_init, cpu_free, cpu_forward, cpu_kv_rollback, NULL, NULL, 0, 0,
 };
 
 #ifdef STRATA_WITH_GPU
@@ -1183,8 +1183,8 @@ struct strata_engine {
     struct strata_engine_opts o;
     int32_t n_past;
     int32_t *hist; /* [n_ctx] */
-    float *argmax_row; /* [n_vocab] strata_engine_eval_argmax's row on backends without
-                          argmax, made on first use */
+    float *argmax_row; /* [n_vocab] strata_engine_eval_argmax's and _topk's row on
+                          backends without them, made on first use */
 };
 
 void strata_engine_opts_init(struct strata_engine_opts *o)
@@ -1346,7 +1346,8 @@ int32_t strata_engine_n_past(const struct strata_engine *e) { return e->n_past; 
 const int32_t *strata_engine_history(const struct strata_engine *e) { return e->hist; }
 
 static int eval_common(struct strata_engine *e, const int32_t *ids, const float *embd,
-                       int32_t n_tok, int mode, float *logits, struct strata_err *err)
+                       int32_t n_tok, int mode, int32_t top_k, float *logits,
+                       struct strata_err *err)
 {
     const int32_t n_vocab = (int32_t)e->m->hp.n_vocab;
     if (n_tok < 1)
@@ -1372,11 +1373,13 @@ static int eval_common(struct strata_engine *e, const int32_t *ids, const float 
         b.ids = ids ? ids + off : NULL;
         b.embd = embd ? embd + (size_t)off * e->m->hp.n_embd : NULL;
         b.pos0 = start + off;
+        b.top_k = top_k;
         float *lo = NULL;
         if (mode == STRATA_LOGITS_ALL) {
             b.logits = STRATA_LOGITS_ALL;
             lo = logits + (size_t)off * n_vocab;
-        } else if ((mode == STRATA_LOGITS_LAST || mode == STRATA_LOGITS_ARGMAX) &&
+        } else if ((mode == STRATA_LOGITS_LAST || mode == STRATA_LOGITS_ARGMAX ||
+                    mode == STRATA_LOGITS_TOPK) &&
                    off + cnt == n_tok) {
             b.logits = mode;
             lo = logits;
@@ -1395,15 +1398,27 @@ static int eval_common(struct strata_engine *e, const int32_t *ids, const float 
     return 0;
 }
 
+/* The modes whose output is not logits belong to their own calls: refused here. */
+static int reduced_mode(int mode, struct strata_err *err)
+{
+    if (mode == STRATA_LOGITS_ARGMAX)
+        return strata_err_set(err, STRATA_E_INVALID, "logits mode ARGMAX is "
+                              "strata_engine_eval_argmax's");
+    if (mode == STRATA_LOGITS_TOPK)
+        return strata_err_set(err, STRATA_E_INVALID, "logits mode TOPK is "
+                              "strata_engine_eval_topk's");
+    return 0;
+}
+
 int strata_engine_eval(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
                        int logits_mode, float *logits, struct strata_err *err)
 {
     if (!ids)
         return strata_err_set(err, STRATA_E_INVALID, "NULL token ids");
-    if (logits_mode == STRATA_LOGITS_ARGMAX)
-        return strata_err_set(err, STRATA_E_INVALID, "logits mode ARGMAX is "
-                              "strata_engine_eval_argmax's");
-    return eval_common(e, ids, NULL, n_tok, logits_mode, logits, err);
+    int rc = reduced_mode(logits_mode, err);
+    if (rc)
+        return rc;
+    return eval_common(e, ids, NULL, n_tok, logits_mode, 0, logits, err);
 }
 
 int strata_engine_eval_argmax(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
@@ -1412,13 +1427,41 @@ int strata_engine_eval_argmax(struct strata_engine *e, const int32_t *ids, int32
     if (!ids || !next)
         return strata_err_set(err, STRATA_E_INVALID, "NULL token ids or id output");
     if (e->ops->argmax)
-        return eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_ARGMAX, (float *)next, err);
+        return eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_ARGMAX, 0, (float *)next, err);
     const int32_t n_vocab = (int32_t)e->m->hp.n_vocab;
     if (!e->argmax_row && !(e->argmax_row = malloc(sizeof(float) * (size_t)n_vocab)))
         return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
-    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, e->argmax_row, err);
+    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, 0, e->argmax_row, err);
     if (!rc)
         *next = strata_sampler_argmax(e->argmax_row, n_vocab);
+    return rc;
+}
+
+int strata_engine_eval_topk(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
+                            int32_t top_k, int32_t *top_ids, float *top_vals,
+                            struct strata_err *err)
+{
+    const int32_t n_vocab = (int32_t)e->m->hp.n_vocab;
+    if (!ids || !top_ids || !top_vals)
+        return strata_err_set(err, STRATA_E_INVALID, "NULL token ids or top-k output");
+    if (top_k < 1 || top_k > STRATA_SAMPLER_TOPK_MAX || top_k > n_vocab)
+        return strata_err_set(err, STRATA_E_INVALID, "top_k %d outside 1..%d", top_k,
+                              n_vocab < STRATA_SAMPLER_TOPK_MAX ? n_vocab
+                                                                : STRATA_SAMPLER_TOPK_MAX);
+    if (e->ops->topk_max >= top_k) {
+        int32_t buf[2 * STRATA_SAMPLER_TOPK_MAX];
+        int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_TOPK, top_k, (float *)buf, err);
+        if (!rc) {
+            memcpy(top_ids, buf, sizeof(int32_t) * (size_t)top_k);
+            memcpy(top_vals, buf + top_k, sizeof(float) * (size_t)top_k);
+        }
+        return rc;
+    }
+    if (!e->argmax_row && !(e->argmax_row = malloc(sizeof(float) * (size_t)n_vocab)))
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, 0, e->argmax_row, err);
+    if (!rc)
+        strata_sampler_topk(e->argmax_row, n_vocab, top_k, top_ids, top_vals);
     return rc;
 }
 
@@ -1427,10 +1470,10 @@ int strata_engine_eval_embd(struct strata_engine *e, const float *embd, int32_t 
 {
     if (!embd)
         return strata_err_set(err, STRATA_E_INVALID, "NULL embeddings");
-    if (logits_mode == STRATA_LOGITS_ARGMAX)
-        return strata_err_set(err, STRATA_E_INVALID, "logits mode ARGMAX is "
-                              "strata_engine_eval_argmax's");
-    return eval_common(e, NULL, embd, n_tok, logits_mode, logits, err);
+    int rc = reduced_mode(logits_mode, err);
+    if (rc)
+        return rc;
+    return eval_common(e, NULL, embd, n_tok, logits_mode, 0, logits, err);
 }
 
 int strata_engine_rollback(struct strata_engine *e, int32_t n_past, struct strata_err *err)

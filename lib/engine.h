@@ -70,6 +70,10 @@ enum strata_logits_mode {
     STRATA_LOGITS_ARGMAX = 3, /* the last position's argmax only (a backend whose ops
                                  have argmax = 1): the logits pointer is an int32_t *
                                  that receives the id (strata_engine_eval_argmax) */
+    STRATA_LOGITS_TOPK = 4,   /* the last position's top_k largest logits only (a
+                                 backend whose ops have topk_max >= top_k): the logits
+                                 pointer receives top_k int32_t ids, then top_k floats
+                                 (strata_engine_eval_topk) */
 };
 
 /* A batch of n_tok consecutive positions pos0 .. pos0+n_tok-1. */
@@ -79,6 +83,7 @@ struct strata_batch {
     const float *embd;  /* [n_tok, n_embd] input embeddings (image tokens), or NULL */
     int32_t pos0;       /* position of the first token; the kv cache holds 0..pos0-1 */
     int logits;         /* enum strata_logits_mode */
+    int32_t top_k;      /* with STRATA_LOGITS_TOPK: how many */
 };
 
 /* ---- backend interface ----
@@ -109,7 +114,10 @@ struct strata_backend_ops {
      * attend causally over positions 0 .. pos0 + i, and write logits per
      * b->logits to logits ([1 or n_tok, n_vocab] float32; NULL with
      * STRATA_LOGITS_NONE; with STRATA_LOGITS_ARGMAX, on a backend whose argmax is 1,
-     * one int32_t: the last position's argmax). */
+     * one int32_t: the last position's argmax; with STRATA_LOGITS_TOPK, on a backend
+     * whose topk_max >= b->top_k, the last position's b->top_k largest logits in
+     * strata_sampler_topk's order: b->top_k int32_t ids, then their b->top_k float
+     * values). */
     int (*forward)(void *state, const struct strata_batch *b, float *logits,
                    struct strata_err *err);
 
@@ -130,6 +138,9 @@ struct strata_backend_ops {
     /* 1: forward takes STRATA_LOGITS_ARGMAX, finding the id where the logits are (a
      * GPU: 4 bytes back instead of n_vocab floats) */
     int argmax;
+    /* > 0: forward takes STRATA_LOGITS_TOPK with top_k up to this many, found where
+     * the logits are (a GPU: 8 top_k bytes back instead of 4 n_vocab) */
+    int topk_max;
 };
 
 /* The CPU backend (always available). */
@@ -178,15 +189,12 @@ const int32_t *strata_engine_history(const struct strata_engine *e);
  * kv cache.  logits: per mode, [1, n_vocab] (the last position) or
  * [n_tok, n_vocab] (every position), float32, caller-owned; may be NULL with
  * STRATA_LOGITS_NONE.  Errors: STRATA_E_INVALID (n_tok < 1, an id outside
- * 0..n_vocab-1: names it; STRATA_LOGITS_ARGMAX, which is strata_engine_eval_argmax's), STRATA_E_LIMIT (n_past + n_tok > n_ctx: says both),
+ * 0..n_vocab-1: names it; STRATA_LOGITS_ARGMAX and STRATA_LOGITS_TOPK, which are
+ * strata_engine_eval_argmax's and strata_engine_eval_topk's), STRATA_E_LIMIT (n_past +
+ * n_tok > n_ctx: says both),
  * backend errors.  On error the kv cache keeps its old n_past. */
 int strata_engine_eval(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
                        int logits_mode, float *logits, struct strata_err *err);
-
-/* The same with input embeddings [n_tok, n_embd] instead of ids (image
- * tokens spliced into the prompt); history records -1 for them. */
-int strata_engine_eval_embd(struct strata_engine *e, const float *embd, int32_t n_tok,
-                            int logits_mode, float *logits, struct strata_err *err);
 
 /* strata_engine_eval whose last position's logits are reduced to the id of the
  * largest (the lowest id among equal ones, strata_sampler_argmax's choice) in *next:
@@ -199,6 +207,25 @@ int strata_engine_eval_embd(struct strata_engine *e, const float *embd, int32_t 
  * STRATA_E_NOMEM. */
 int strata_engine_eval_argmax(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
                               int32_t *next, struct strata_err *err);
+
+/* strata_engine_eval whose last position's logits are reduced to their top_k largest
+ * (1 <= top_k <= STRATA_SAMPLER_TOPK_MAX), best first in strata_sampler_topk's order:
+ * ids [top_k] and vals [top_k], what strata_sampler_sample_topk draws from.  Sampling
+ * with top-k and no penalties needs no more; on a GPU backend they are found on the
+ * device and 8 top_k bytes come back instead of the row; elsewhere the engine evaluates
+ * the row into its own buffer and selects them (strata_sampler_topk), so the result is
+ * the same.  NaN logits never win; a row without a logit that is not NaN is
+ * STRATA_E_GPU on the device.  Errors: those of strata_engine_eval, STRATA_E_INVALID
+ * (NULL ids or outputs, top_k outside 1..STRATA_SAMPLER_TOPK_MAX or above n_vocab),
+ * STRATA_E_NOMEM. */
+int strata_engine_eval_topk(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
+                            int32_t top_k, int32_t *top_ids, float *top_vals,
+                            struct strata_err *err);
+
+/* The same with input embeddings [n_tok, n_embd] instead of ids (image
+ * tokens spliced into the prompt); history records -1 for them. */
+int strata_engine_eval_embd(struct strata_engine *e, const float *embd, int32_t n_tok,
+                            int logits_mode, float *logits, struct strata_err *err);
 
 /* Roll the kv cache back to n_past positions (0 <= n_past <= current n_past).
  * Errors: STRATA_E_INVALID (n_past out of range), backend errors. */

@@ -217,6 +217,15 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
     const int by_argmax = !p->spec && !p->logprobs && p->n_top_logprobs == 0 &&
                           strata_sampler_is_argmax(smp);
     int32_t next = -1; /* the argmax of the last step, when by_argmax */
+    /* sampling that needs only the top_k largest logits (top-k without penalties):
+     * those are found where the logits are (strata_engine_eval_topk) and drawn from
+     * with the same result as the whole row */
+    const int32_t by_topk = !p->spec && !p->logprobs && p->n_top_logprobs == 0
+                                ? strata_sampler_topk_k(smp)
+                                : 0;
+    int32_t tk_ids[STRATA_SAMPLER_TOPK_MAX];
+    float tk_vals[STRATA_SAMPLER_TOPK_MAX];
+    int have_tk = 0; /* the last step's top-k are in tk_ids/tk_vals */
     for (;;) {
         if (p->n_predict >= 0 && res->n_gen >= p->n_predict) {
             res->stop_reason = STRATA_STOP_LENGTH;
@@ -224,7 +233,8 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
         }
         float lp = 0;
         int n_top = p->n_top_logprobs;
-        int32_t id = next >= 0 ? next
+        int32_t id = next >= 0  ? next
+                     : have_tk ? strata_sampler_sample_topk(smp, tk_ids, tk_vals, by_topk)
                                : strata_sampler_sample(smp, cur, p->logprobs || n_top ? &lp : NULL,
                                                        n_top ? top : NULL, n_top);
         if (!p->ignore_eog && strata_vocab_is_eog(v, id)) {
@@ -292,8 +302,10 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
         }
         if ((rc = p->spec       ? strata_spec_next(p->spec, id, &cur, err)
                   : by_argmax ? strata_engine_eval_argmax(e, &id, 1, &next, err)
+                  : by_topk   ? strata_engine_eval_topk(e, &id, 1, by_topk, tk_ids, tk_vals, err)
                               : strata_engine_eval(e, &id, 1, STRATA_LOGITS_LAST, logits, err)))
             goto out;
+        have_tk = by_topk > 0;
         n_evals++;
     }
     /* drop drafted positions that were never decided */

@@ -265,6 +265,21 @@ static int windows(struct strata_engine *e, const int32_t *ids, int n_ids, const
         }
         ok(rc == 0 && agree, "%s (%s): %d argmax steps from %d give the largest logit's id of "
            "each decode%s%s", model, what, n, p, rc ? ": " : "", err.msg);
+        /* sampling steps that bring back only the top-k (found on the device) */
+        if (!rc)
+            rc = strata_engine_rollback(e, p, &err);
+        agree = 1;
+        const int32_t k = c % 2 ? STRATA_SAMPLER_TOPK_MAX : 40;
+        for (int i = 0; i < n && !rc; i++) {
+            int32_t gi[STRATA_SAMPLER_TOPK_MAX], wi[STRATA_SAMPLER_TOPK_MAX];
+            float gv[STRATA_SAMPLER_TOPK_MAX], wv[STRATA_SAMPLER_TOPK_MAX];
+            rc = strata_engine_eval_topk(e, ids + p + i, 1, k, gi, gv, &err);
+            strata_sampler_topk(w + (size_t)i * row, (int32_t)row, k, wi, wv);
+            for (int j = 0; j < k && !rc; j++)
+                agree &= gi[j] == wi[j] && gv[j] == wv[j];
+        }
+        ok(rc == 0 && agree, "%s (%s): %d top-%d steps from %d give the %d largest logits of "
+           "each decode in order%s%s", model, what, n, k, p, k, rc ? ": " : "", err.msg);
         if (!rc && ref)
             ok(memcmp(ref + (size_t)c * 17 * row, w, sizeof(float) * n * row) == 0,
                "%s: the %d-token window at %d equal with and without graphs", model, n, p);

@@ -1248,17 +1248,38 @@ static void test_matmul(uint32_t type, int64_t ne0, int64_t ne1, int n_tok, int 
     free(w); free(u); free(wf); free(uf); free(x); free(xr); free(ids); free(add); free(ref); free(got);
 }
 
-static void test_topk(int n, int n_rows, int k)
+/* before_ref: (v, i) ranks before (w, j) - larger first, lower index on ties, -0 equal to
+ * +0, NaN after every number */
+static int before_ref(float v, int i, float w, int j)
+{
+    if (v != v || w != w)
+        return (v == v && w != w) || (v != v && w != w && i < j);
+    return v == w ? i < j : v > w;
+}
+
+/* ties: 0 continuous values; 1 few distinct values; 2 with NaN, -0/+0 and -inf; 3 all
+ * NaN but 3 */
+static void test_topk(int n, int n_rows, int k, int ties)
 {
     struct strata_err err = {0, ""};
-    float *l = (float *)malloc(4 * n * n_rows);
+    float *l = (float *)malloc(4 * (size_t)n * n_rows);
     kt_fill(l, (size_t)n * n_rows, 10.0f);
-    l[n - 1] = l[7] = 50.0f; /* tie: 7 first */
+    for (int64_t i = 0; i < (int64_t)n * n_rows; i++) {
+        if (ties == 1)
+            l[i] = floorf(l[i]);
+        else if (ties == 2 && i % 7 == 0)
+            l[i] = i % 3 == 0 ? NAN : i % 3 == 1 ? -0.0f : (i % 2 ? 0.0f : -INFINITY);
+        else if (ties == 3)
+            l[i] = i % (n / 3) == 5 ? (float)i : NAN;
+    }
+    for (int r = 0; r < n_rows; r++)
+        l[(int64_t)r * n + n - 1] = l[(int64_t)r * n + 7] = 50.0f; /* tie: 7 first */
     int32_t *gi = (int32_t *)malloc(4 * k * n_rows), *am = (int32_t *)malloc(4 * n_rows);
     float *gv = (float *)malloc(4 * k * n_rows);
-    float *dl = (float *)kt_up(l, 4 * n * n_rows), *dv = (float *)kt_dev(4 * k * n_rows);
+    float *dl = (float *)kt_up(l, 4 * (size_t)n * n_rows), *dv = (float *)kt_dev(4 * k * n_rows);
     int32_t *di = (int32_t *)kt_dev(4 * k * n_rows), *da = (int32_t *)kt_dev(4 * n_rows);
-    int rc = strata_k_topk(&ctx, dl, n, n_rows, k, di, dv, &err);
+    void *scr = kt_dev(strata_k_topk_scratch(n, n_rows, k));
+    int rc = strata_k_topk(&ctx, dl, n, n_rows, k, scr, di, dv, &err);
     if (!rc)
         rc = strata_k_argmax(&ctx, dl, n, n_rows, da, &err);
     KT_CUDA(cudaDeviceSynchronize());
@@ -1273,13 +1294,21 @@ static void test_topk(int n, int n_rows, int k)
         for (int j = 0; j < k && good; j++) {
             int b = -1;
             for (int i = 0; i < n; i++)
-                if (!used[i] && (b < 0 || lr[i] > lr[b])) b = i;
+                if (!used[i] && (b < 0 || before_ref(lr[i], i, lr[b], b)))
+                    b = i;
             used[b] = 1;
-            good = gi[r * k + j] == b && gv[r * k + j] == lr[b] && (j || am[r] == b);
+            if (lr[b] != lr[b]) /* only NaN left: none */
+                good = gi[r * k + j] == -1 && gv[r * k + j] == -INFINITY;
+            else
+                good = gi[r * k + j] == b && gv[r * k + j] == lr[b] && (j || am[r] == b);
+            if (!good)
+                diag("row %d rank %d: gpu %d (%g), reference %d (%g)", r, j, gi[r * k + j],
+                     gv[r * k + j], b, lr[b]);
         }
     }
-    ok(good, "topk/argmax n=%d rows=%d k=%d %s", n, n_rows, k, rc ? err.msg : "");
-    cudaFree(dl); cudaFree(dv); cudaFree(di); cudaFree(da);
+    ok(good, "topk/argmax n=%d rows=%d k=%d ties=%d %s", n, n_rows, k, ties,
+       rc ? err.msg : "");
+    cudaFree(dl); cudaFree(dv); cudaFree(di); cudaFree(da); cudaFree(scr);
     free(l); free(gi); free(am); free(gv); free(used);
 }
 
@@ -1337,8 +1366,19 @@ static void test_ops(void)
     test_matmul(STRATA_TYPE_F32, 64, 10, 5, 0, 0, 0, 0);
     for (int i = 0; i < KT_N_TYPES; i++)
         test_matmul(kt_all_types[i], 256, 65, 66, 0, 0, 0, 0);
-    test_topk(151936, 2, 40);
-    test_topk(1000, 3, 1);
+    test_topk(151936, 2, 40, 0);
+    test_topk(1000, 3, 1, 0);
+    test_topk(151936, 1, 64, 1);  /* many ties across parts */
+    test_topk(300000, 2, 64, 2);  /* parts longer than one sort, NaN, -0/+0, -inf */
+    test_topk(4096 * 70, 1, 8, 0); /* 70 parts */
+    test_topk(200, 2, 64, 2);     /* one short part */
+    test_topk(9000, 2, 16, 3);    /* fewer numbers than k */
+    {
+        struct strata_err err = {0, ""};
+        ok(strata_k_topk(&ctx, NULL, 100, 1, 65, (void *)&err, NULL, NULL, &err) ==
+               STRATA_E_INVALID && strata_k_topk_scratch(100, 1, 65) == 0,
+           "topk refuses k 65: %s", err.msg);
+    }
 }
 
 int main(void)

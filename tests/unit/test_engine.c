@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 
 #include "engine.h"
+#include "sampler.h"
 #include "generate.h"
 #include "gguf.h"
 #include "tap.h"
@@ -145,6 +146,42 @@ static void golden(const char *model, const char *refname, int with_extras)
                 ok(strata_engine_eval(e, ids, 1, STRATA_LOGITS_ARGMAX, l1, &err) ==
                        STRATA_E_INVALID && strata_engine_n_past(e) == np,
                    "strata_engine_eval refuses the ARGMAX mode (kv cache kept): %s", err.msg);
+            }
+            /* the top-k evaluation: the k largest logits of the same positions, in
+             * strata_sampler_topk's order */
+            {
+                int agree = 1;
+                const int32_t k = 40 < nv ? 40 : nv;
+                strata_engine_rollback(e, 0, &err);
+                for (int t = 0; t < n && agree; t++) {
+                    int32_t gi[STRATA_SAMPLER_TOPK_MAX], wi[STRATA_SAMPLER_TOPK_MAX];
+                    float gv[STRATA_SAMPLER_TOPK_MAX], wv[STRATA_SAMPLER_TOPK_MAX];
+                    if (strata_engine_eval_topk(e, ids + t, 1, k, gi, gv, &err)) {
+                        agree = 0;
+                        break;
+                    }
+                    strata_sampler_topk(l + (size_t)t * nv, nv, k, wi, wv);
+                    agree &= memcmp(gi, wi, sizeof *gi * (size_t)k) == 0 &&
+                             memcmp(gv, wv, sizeof *gv * (size_t)k) == 0 &&
+                             gv[0] == l[(size_t)t * nv + gi[0]];
+                }
+                ok(agree && strata_engine_n_past(e) == n,
+                   "%s: strata_engine_eval_topk gives the %d largest logits at each of %d "
+                   "positions, %d in the kv cache (%s)", model, k, n, strata_engine_n_past(e),
+                   err.msg);
+                int32_t di[2];
+                float dv[2];
+                int32_t np = strata_engine_n_past(e);
+                ok(strata_engine_eval_topk(e, ids, 1, 0, di, dv, &err) == STRATA_E_INVALID &&
+                   strata_engine_eval_topk(e, ids, 1, STRATA_SAMPLER_TOPK_MAX + 1, di, dv,
+                                           &err) == STRATA_E_INVALID &&
+                   strata_engine_eval_topk(e, ids, 1, 2, NULL, dv, &err) == STRATA_E_INVALID &&
+                   strata_engine_eval(e, ids, 1, STRATA_LOGITS_TOPK, l1, &err) ==
+                       STRATA_E_INVALID &&
+                   strata_engine_n_past(e) == np,
+                   "strata_engine_eval_topk refuses top_k 0 and %d, NULL outputs, and "
+                   "strata_engine_eval the TOPK mode (kv cache kept): %s",
+                   STRATA_SAMPLER_TOPK_MAX + 1, err.msg);
             }
             /* roll back and re-evaluate the tail as one window */
             int ok_rb = strata_engine_rollback(e, 4, &err) == 0 &&
