@@ -6,7 +6,8 @@
 #                                             (default devrun-p)
 #   scripts/gpu-profile.sh run [DIR] [WHAT]   there: WHAT is any of bench, ncu, offload,
 #                                             check, ab, offmem, offtest, prof, spec, xcpu,
-#                                             diag, ncupp, gpushell, specgpu, e2e (default
+#                                             diag, ncupp, gpushell, specgpu, e2e, pcie,
+#                                             spectrace (default
 #                                             bench ncu offload)
 #
 # bench: bench_gpu --tg 128 --reps 3 (decode and prefill, all in VRAM).  ncu: the time each
@@ -25,11 +26,14 @@
 # and fixtures.  specgpu: scripts/bench-spec.sh on the GPU (-F 512; more in $SPEC_ARGS).
 # The fixtures do not fit one transfer: pack the F16 models in one run and the
 # quantised ones (Q8_0, IQ*) in another.
-# xcpu: bench_expert_cpu.
+# xcpu: bench_expert_cpu.  pcie: bench_pcie (host-to-device bandwidth, copy engine and
+# kernel reads of mapped memory).  spectrace: the draft model's back-off at T=2 and 8
+# on the GPU, six runs each alternating with --spec 0, with STRATA_SPEC_TRACE=1 summed.
 # e2e: strata-generate end to end on the synthetic 12-layer Qwen3-30B-A3B Q4_K_M (written
 # there by strata-prepare --synth; its vocabulary has the real size): 256 tokens greedy,
-# greedy with --logprobs, and at temperature 1, three runs each in turn ($E2E_ARGS adds
-# options to every run, e.g. --vram-budget-mib N).
+# greedy with --logprobs, and at temperature 1, three runs each in turn ($E2E_MODES: other
+# option sets, separated by ';'; $E2E_BINS: other programs of DIR/bin, run in turn;
+# $E2E_ARGS adds options to every run, e.g. --vram-budget-mib N).
 # diag: bench_offload mapping a freshly written file on the disk, with the process's
 # kernel stacks and the host's dirty and writeback memory sampled while it opens.
 # Logs go to $OUT (or /tmp/strata-prof).
@@ -39,7 +43,7 @@ pack)
     set -e
     d=${3:-devrun-p}
     rm -rf "$d" && mkdir -p "$d/lib"
-    for f in bench_gpu bench_offload test_kernels test_golden test_expert_offload bench_spec; do
+    for f in bench_gpu bench_offload bench_pcie test_kernels test_golden test_expert_offload bench_spec; do
         strip -o "$d/$f" "$2/gpu-tests/$f"
     done
     [ -x "$2/bench/bench_expert_cpu" ] && strip -o "$d/bench_expert_cpu" "$2/bench/bench_expert_cpu"
@@ -132,15 +136,35 @@ for w in $what; do
         g=${TMPDIR:-/tmp}/strata-q3-12.gguf
         [ -s "$g" ] || "$d/bin/strata-prepare" --synth qwen3-30b-a3b:12:Q4_K_M "$g" >/dev/null ||
             { echo "e2e: strata-prepare --synth failed"; continue; }
+        IFS=';' read -r -a modes <<<"${E2E_MODES:---temp 0;--temp 0 --logprobs;--temp 1 --seed 1}"
         for r in 1 2 3; do
-            for a in "--temp 0" "--temp 0 --logprobs" "--temp 1 --seed 1"; do
-                # shellcheck disable=SC2086
-                t=$(timeout 120 "$d/bin/strata-generate" -m "$g" -p hello -n 256 --ignore-eos \
-                    --backend cuda --json --no-selftest $a ${E2E_ARGS:-} 2>/dev/null | tail -1 |
-                    grep -o '"decode_tps":[0-9.]*')
-                echo "e2e [$a] #$r: ${t:-failed}"
+            for b in ${E2E_BINS:-strata-generate}; do
+                for a in "${modes[@]}"; do
+                    # shellcheck disable=SC2086
+                    t=$(timeout 120 "$d/bin/$b" -m "$g" -p hello -n 256 --ignore-eos \
+                        --backend cuda --json --no-selftest $a ${E2E_ARGS:-} 2>/dev/null |
+                        tail -1 | grep -o '"decode_tps":[0-9.]*')
+                    echo "e2e $b [$a] #$r: ${t:-failed}"
+                done
             done
         done | tee "$out/e2e.log" ;;
+    pcie)
+        timeout 120 "$d/bench_pcie" 2>&1 | tee "$out/pcie.log" ;;
+    spectrace)
+        # the draft model's back-off at T=2 and T=8, alternating: what its windows,
+        # catch-ups and plain steps cost (STRATA_SPEC_TRACE=1), and tokens/s
+        f=$(cd "$d" && pwd)/fixtures/models
+        for r in 1 2 3 4 5 6; do for t in 0 2 8; do
+            STRATA_SPEC_TRACE=1 "$d/bin/strata-generate" -m "$f/tinycoder-moe-Q4_K_M.gguf" \
+                --draft "$f/tinydraft-qwen3-F16.gguf" -p import -n 512 --temp 1 --seed 1 \
+                --ignore-eos --backend cuda --json --spec $t > "$out/st.out" 2> "$out/st.err"
+            tps=$(tail -1 "$out/st.out" | sed -n 's/.*"decode_tps":\([0-9.]*\).*/\1/p')
+            awk -v t=$t -v tps="$tps" '$1 == "spec-trace" {
+                    if ($3 > 0) { nw++; wms += $7; a += $5 } else { np++; pms += $7 }
+                    cu += $9 }
+                END { printf "T %d tok/s %s plain %d steps %.4f ms mean, windows %d (%.3f ms, %d accepted), catch-up %.3f ms\n",
+                      t, tps, np, np ? pms / np : 0, nw, wms, a, cu }' "$out/st.err"
+        done; done 2>&1 | tee "$out/spectrace.log" ;;
     xcpu)
         timeout 120 "$d/bench_expert_cpu" -t "$(nproc)" 2>&1 | tee "$out/xcpu.log" ;;
     diag)
