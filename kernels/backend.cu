@@ -1459,7 +1459,8 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
             if (s->xc && n == 1 && s->tab_now) {
                 /* the step reads the experts through the table (missed ones staged by
                  * a kernel first); the ids go back after */
-                if (OP("moe_ids", strata_gpu_ec_graph_ids(s->xc, il, s->eids, err)) ||
+                if (OP("moe_prefetch", strata_gpu_ec_graph_prefetch(s->xc, il, s->xn, err)) ||
+                    OP("moe_ids", strata_gpu_ec_graph_ids(s->xc, il, s->eids, err)) ||
                     OP("moe_resolve", strata_gpu_ec_graph_resolve(s->xc, il, s->eids, &etab,
                                                                   &etab_slot, err)))
                     goto fail;
@@ -1506,6 +1507,8 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                 goto fail;
         }
     }
+    if (s->xc && n == 1 && s->tab_now && (rc = strata_gpu_ec_graph_join(s->xc, err)))
+        goto fail;
     if (want_logits) {
         int first = all ? 0 : n - 1, cnt = all ? n : 1;
         const float *xr = s->x + (int64_t)first * E;
@@ -1541,7 +1544,8 @@ static int capture(struct gpu_state *s, int n, int all, struct strata_err *err)
             rc = gpu_call(s, e, "cudaStreamEndCapture", err);
     }
     if (!rc)
-        rc = gpu_call(s, cudaGraphInstantiate(&s->graph_exec[n][all], g, 0),
+        rc = gpu_call(s, cudaGraphInstantiate(&s->graph_exec[n][all], g,
+                                              cudaGraphInstantiateFlagUseNodePriority),
                       "cudaGraphInstantiate", err);
 out:
     if (g)

@@ -67,7 +67,8 @@ __global__ void ec_resolve_kernel(const uint8_t *const *__restrict__ tab,
                                   const int32_t *__restrict__ ids, int k, uintptr_t lo,
                                   uintptr_t hi, uint8_t *stage, size_t rec, size_t off_up,
                                   size_t off_down, size_t len0, size_t len1, size_t len2,
-                                  const uint8_t **sptr)
+                                  const int32_t *__restrict__ pf_use,
+                                  const uint8_t *__restrict__ pf_base, const uint8_t **sptr)
 {
     __shared__ const uint4 *seg_src[RESOLVE_SEGS];
     __shared__ uint4 *seg_dst[RESOLVE_SEGS];
@@ -79,9 +80,14 @@ __global__ void ec_resolve_kernel(const uint8_t *const *__restrict__ tab,
     const int t = threadIdx.x;
     if (t < 3 * k) {
         const int sl = t / 3, p = t % 3;
+        const size_t off = p == 0 ? 0 : p == 1 ? off_up : off_down;
         const uint8_t *src = tab[3 * (size_t)ids[sl] + p];
-        uint8_t *dst = stage + (size_t)sl * rec + (p == 0 ? 0 : p == 1 ? off_up : off_down);
-        const int in_vram = (uintptr_t)src >= lo && (uintptr_t)src < hi;
+        uint8_t *dst = stage + (size_t)sl * rec + off;
+        int in_vram = (uintptr_t)src >= lo && (uintptr_t)src < hi;
+        if (!in_vram && pf_use && pf_use[sl] >= 0) {
+            src = pf_base + (size_t)pf_use[sl] * rec + off; /* prefetched: in VRAM */
+            in_vram = 1;
+        }
         host[t] = !in_vram;
         seg_src[t] = (const uint4 *)src;
         seg_dst[t] = (uint4 *)dst;
@@ -132,9 +138,108 @@ __global__ void ec_resolve_kernel(const uint8_t *const *__restrict__ tab,
     }
 }
 
+/* A graph step's prefetch of the next MoE layer's experts (side stream): of the k
+ * predicted ids (best first), the first pf_max whose gate part lies outside VRAM are
+ * copied, whole records, into records 0.. of pf_rec; when every block is done the last
+ * one tags them (tags[m] = tag0 + expert, the layer's tag0 = layer * n_expert + 1) -
+ * a tagged record is complete - and adds their number to counter[1].  The tags were
+ * zeroed before the launch.  counter[0]: zero before and after. */
+__global__ void ec_prefetch_kernel(const uint8_t *const *__restrict__ tab,
+                                   const int32_t *__restrict__ pids, int k, int pf_max,
+                                   uintptr_t lo, uintptr_t hi, uint8_t *pf_rec, size_t rec,
+                                   size_t off_up, size_t off_down, size_t len0, size_t len1,
+                                   size_t len2, int32_t *tags, int32_t *req, int tag0,
+                                   int *counter)
+{
+    __shared__ int sel[32], n_sel;
+    const int t = threadIdx.x;
+    if (t == 0) {
+        int m = 0;
+        for (int j = 0; j < k && m < pf_max && m < 32; j++) {
+            const uintptr_t g = (uintptr_t)tab[3 * (size_t)pids[j]];
+            if (g < lo || g >= hi)
+                sel[m++] = pids[j];
+        }
+        n_sel = m;
+        if (blockIdx.x == 0) /* what was asked for, complete or not (statistics) */
+            for (int j = 0; j < pf_max; j++)
+                ((volatile int32_t *)req)[j] = j < m ? tag0 + sel[j] : 0;
+    }
+    __syncthreads();
+    const int ns = n_sel;
+    const size_t l0 = len0 / 16, l1 = len1 / 16, l2 = len2 / 16, per = l0 + l1 + l2;
+    const size_t total = per * (size_t)ns, gs = (size_t)gridDim.x * blockDim.x;
+    for (size_t base = (size_t)blockIdx.x * blockDim.x + t; base < total;
+         base += RESOLVE_UNROLL * gs) {
+        uint4 v[RESOLVE_UNROLL];
+        uint4 *d[RESOLVE_UNROLL];
+#pragma unroll
+        for (int j = 0; j < RESOLVE_UNROLL; j++) {
+            const size_t i = base + j * gs;
+            d[j] = NULL;
+            if (i < total) {
+                const size_t m = i / per, r = i % per;
+                const int p = r < l0 ? 0 : r < l0 + l1 ? 1 : 2;
+                const size_t o = r - (p == 0 ? 0 : p == 1 ? l0 : l0 + l1);
+                const size_t off = p == 0 ? 0 : p == 1 ? off_up : off_down;
+                v[j] = ((const uint4 *)tab[3 * (size_t)sel[m] + p])[o];
+                d[j] = (uint4 *)(pf_rec + m * rec + off) + o;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < RESOLVE_UNROLL; j++)
+            if (d[j])
+                *d[j] = v[j];
+    }
+    __syncthreads();
+    if (t == 0) {
+        __threadfence();
+        if (atomicAdd(counter, 1) == (int)gridDim.x - 1) {
+            __threadfence();
+            for (int m = 0; m < ns; m++)
+                ((volatile int32_t *)tags)[m] = tag0 + sel[m];
+            __threadfence();
+            *counter = 0;
+            counter[1] += ns; /* experts prefetched (statistics) */
+        }
+    }
+}
+
+/* A graph step's routed ids of one layer (k) into hist, and per routed slot the
+ * complete prefetch record holding its expert (tags [n_tag], this layer's tag0), or
+ * -1, into pf_use: read once here, so that every block of ec_resolve_kernel takes the
+ * same. */
+__global__ void ec_ids_kernel(const int32_t *__restrict__ eids, int k, int32_t *hist,
+                              const int32_t *tags, const int32_t *req, int n_tag, int tag0,
+                              int32_t *pf_use, int *n_used)
+{
+    strata_pdl_wait();
+    strata_pdl_trigger();
+    const int t = threadIdx.x;
+    if (t >= k)
+        return;
+    const int32_t e = eids[t];
+    hist[t] = e;
+    int use = -1, asked = 0;
+    for (int r = 0; r < n_tag; r++) {
+        if (((const volatile int32_t *)tags)[r] == tag0 + e)
+            use = r;
+        asked |= ((const volatile int32_t *)req)[r] == tag0 + e;
+    }
+    pf_use[t] = use;
+    /* statistics: prefetched experts used, and routed experts a prefetch was asked for
+     * (used or not yet complete) */
+    if (use >= 0)
+        atomicAdd(n_used, 1);
+    if (asked)
+        atomicAdd(n_used + 1, 1);
+}
+
 #ifdef STRATA_GPU_HOST_PASS
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+#define PF_BLOCKS 16 /* blocks of a prefetch copy: enough loads in flight for PCIe,
+                        few multiprocessors taken from the step's kernels */
 #define MAX_REG 512
 #define N_BOUNCE 4
 #define GFILL_RING 8 /* batches of cache fills of graph decode steps in flight */
@@ -232,6 +337,24 @@ struct strata_gpu_ec {
      * first (ec_resolve_kernel), its expert kernels read d_sptr [3 K] */
     int stage_misses;
     const uint8_t **d_sptr;
+    /* graph steps' prefetch (pf_max > 0; STRATA_EC_GRAPH_PREFETCH=N experts a layer,
+     * default 2, 0 off): after a layer's routing a side stream predicts the next MoE
+     * layer's experts (its router on this layer's FFN input) and copies the first
+     * pf_max of them that are not in VRAM into prefetch records (staging records K..,
+     * one set of pf_max per parity of the MoE layer's index), tagging each when
+     * complete (ec_prefetch_kernel); the next layer's ids kernel points its misses at
+     * tagged records, which ec_resolve_kernel then does not copy.  The tags are zeroed
+     * before each step; the side stream joins the compute stream at the step's end. */
+    int pf_max, pf_forked, pf_prio;
+    int *moe_idx;                        /* [L] index among the MoE layers */
+    cudaStream_t pf_stream;
+    cudaEvent_t pf_fork, pf_join;
+    int32_t *d_pf_ids, *d_pf_use;        /* [K], [K] */
+    int32_t *d_pf_tag; /* [2 pf_max] tags of complete records, [2 pf_max] of asked ones */
+    float *d_pf_w, *d_pf_logits;             /* [K], [X] */
+    /* [5]: the router's counter, the prefetch kernel's, experts prefetched, prefetched
+     * experts a layer then used, routed experts a prefetch was asked for (statistics) */
+    int *d_pf_cnt;
     struct {
         cudaEvent_t ev;
         int32_t *slots;
@@ -591,12 +714,21 @@ static double cpu_expert_rate(struct strata_gpu_ec *gx)
 void strata_gpu_ec_times(struct strata_gpu_ec *gx, int reset, struct strata_ec_times *t)
 {
     collect_wait(gx);
+    int pf[3] = {0, 0, 0};
+    if (gx->pf_max &&
+        (cudaStreamSynchronize(gx->pf_stream) != cudaSuccess ||
+         cudaMemcpy(pf, gx->d_pf_cnt + 2, sizeof pf, cudaMemcpyDeviceToHost) != cudaSuccess ||
+         (reset && cudaMemset(gx->d_pf_cnt + 2, 0, sizeof pf) != cudaSuccess)))
+        (void)cudaGetLastError(); /* statistics only */
     if (reset) {
         gx->t_moe = gx->t_fwd_sync = gx->t_copy_wait = gx->t_cpu = 0;
         gx->bytes_copied = gx->n_copies = gx->n_cpu_experts = 0;
         gx->graph_steps = gx->zc_bytes = 0;
         return;
     }
+    t->graph_prefetched = (uint64_t)pf[0];
+    t->graph_prefetch_used = (uint64_t)pf[1];
+    t->graph_prefetch_asked = (uint64_t)pf[2];
     t->moe_s = gx->t_moe;
     t->gpu_s = gx->t_fwd_sync;
     t->copy_wait_s = gx->t_copy_wait;
@@ -638,10 +770,19 @@ static void print_stats(struct strata_gpu_ec *gx)
     fprintf(f, "expert time: MoE layers %.3f s = GPU %.3f s (of which waiting for copies "
             "%.3f s) + CPU experts %.3f s + host %.3f s\n", gx->t_moe, gx->t_fwd_sync,
             gx->t_copy_wait, gx->t_cpu, gx->t_moe - gx->t_fwd_sync - gx->t_cpu);
-    if (gx->graph_mode)
+    if (gx->graph_mode) {
+        struct strata_ec_times t;
+        memset(&t, 0, sizeof t);
+        strata_gpu_ec_times(gx, 0, &t);
         fprintf(f, "graph decode steps: %llu, experts read in place over PCIe %.3f MB per "
-                "step\n", (unsigned long long)gx->graph_steps,
-                gx->graph_steps ? gx->zc_bytes / 1e6 / (double)gx->graph_steps : 0.0);
+                "step; prefetch: %d experts a layer at most, %llu prefetched, %llu used, "
+                "%llu asked for\n",
+                (unsigned long long)gx->graph_steps,
+                gx->graph_steps ? gx->zc_bytes / 1e6 / (double)gx->graph_steps : 0.0,
+                gx->pf_max, (unsigned long long)t.graph_prefetched,
+                (unsigned long long)t.graph_prefetch_used,
+                (unsigned long long)t.graph_prefetch_asked);
+    }
     fclose(f);
     log_lines(buf);
     free(buf);
@@ -653,6 +794,8 @@ void strata_gpu_ec_free(struct strata_gpu_ec *gx)
         return;
     if (gx->copy)
         (void)cudaStreamSynchronize(gx->copy);
+    if (gx->pf_stream)
+        (void)cudaStreamSynchronize(gx->pf_stream);
     if (gx->ctx && gx->ctx->stream)
         (void)cudaStreamSynchronize(gx->ctx->stream);
     collect_wait(gx);
@@ -684,12 +827,20 @@ void strata_gpu_ec_free(struct strata_gpu_ec *gx)
             (void)cudaFreeHost(hp[i]);
     void *dp[] = {gx->pool_dev, gx->d_rids, gx->d_idx, gx->d_rc, gx->d_cidx,
                   gx->d_xg, gx->d_eoc, gx->d_cpu, gx->d_rnext, gx->d_xgq, gx->d_tab,
-                  gx->d_hist, (void *)gx->d_sptr};
+                  gx->d_hist, (void *)gx->d_sptr, gx->d_pf_ids, gx->d_pf_tag, gx->d_pf_use,
+                  gx->d_pf_w, gx->d_pf_logits, gx->d_pf_cnt};
     for (size_t i = 0; i < sizeof dp / sizeof dp[0]; i++)
         if (dp[i])
             (void)cudaFree(dp[i]);
     if (gx->copy)
         (void)cudaStreamDestroy(gx->copy);
+    if (gx->pf_stream)
+        (void)cudaStreamDestroy(gx->pf_stream);
+    if (gx->pf_fork)
+        (void)cudaEventDestroy(gx->pf_fork);
+    if (gx->pf_join)
+        (void)cudaEventDestroy(gx->pf_join);
+    free(gx->moe_idx);
     (void)cudaGetLastError();
     strata_pool_free(gx->own_pool);
     strata_ec_free(gx->ec);
@@ -881,6 +1032,111 @@ static uintptr_t mapped(const struct strata_gpu_ec *gx, const void *h)
 }
 
 /* STRATA_EC_DECODE=graph: the table, its host side and the id history. */
+/* The graph steps' prefetch (see pf_max): on when STRATA_EC_GRAPH_PREFETCH is not 0,
+ * the staging has room for two sets of records after the K a step stages into, and
+ * every router is F32 with rows of a multiple of 4 (strata_k_moe_router_topk). */
+static int prefetch_setup(struct strata_gpu_ec *gx, struct strata_err *err)
+{
+    const char *pe = getenv("STRATA_EC_GRAPH_PREFETCH");
+    int pf = pe ? atoi(pe) : 0, rc = 0, n_moe = 0;
+    if (pf > gx->K)
+        pf = gx->K;
+    if (pf > 32)
+        pf = 32;
+    if (pf <= 0 || gx->n_staging < gx->K + 2 * pf || gx->K > 32 || gx->E % 4)
+        return 0;
+    gx->moe_idx = (int *)calloc((size_t)gx->L, sizeof(int));
+    if (!gx->moe_idx)
+        return strata_k_err(err, STRATA_E_NOMEM, "out of memory");
+    for (int il = 0; il < gx->L; il++) {
+        if (!gx->m->layers[il].is_moe)
+            continue;
+        if (!gx->gate_inp[il].data || gx->gate_inp[il].type != STRATA_TYPE_F32)
+            return 0;
+        gx->moe_idx[il] = n_moe++;
+    }
+    /* the side stream's kernels at the highest priority: the step's kernels are
+     * programmatic dependent launches, whose blocks take the multiprocessors as soon as
+     * the kernel before them starts, so a side kernel of default priority got its blocks
+     * only when the step ran dry, after the layer it prefetched for */
+    int least = 0, greatest = 0;
+    if (cudaDeviceGetStreamPriorityRange(&least, &greatest) != cudaSuccess) {
+        (void)cudaGetLastError();
+        least = greatest = 0;
+    }
+    gx->pf_prio = greatest;
+    if ((rc = call(gx, cudaStreamCreateWithPriority(&gx->pf_stream, cudaStreamNonBlocking,
+                                                    greatest),
+                   "cudaStreamCreate (prefetch)", err)) ||
+        (rc = call(gx, cudaEventCreateWithFlags(&gx->pf_fork, cudaEventDisableTiming),
+                   "cudaEventCreate", err)) ||
+        (rc = call(gx, cudaEventCreateWithFlags(&gx->pf_join, cudaEventDisableTiming),
+                   "cudaEventCreate", err)) ||
+        (rc = dev_alloc(gx, (void **)&gx->d_pf_ids, 4 * (size_t)gx->K, "prefetch", err)) ||
+        (rc = dev_alloc(gx, (void **)&gx->d_pf_use, 4 * (size_t)gx->K, "prefetch", err)) ||
+        (rc = dev_alloc(gx, (void **)&gx->d_pf_tag, 16 * (size_t)pf, "prefetch", err)) ||
+        (rc = dev_alloc(gx, (void **)&gx->d_pf_w, 4 * (size_t)gx->K, "prefetch", err)) ||
+        (rc = dev_alloc(gx, (void **)&gx->d_pf_logits, 4 * (size_t)gx->X, "prefetch", err)) ||
+        (rc = dev_alloc(gx, (void **)&gx->d_pf_cnt, 5 * sizeof(int), "prefetch", err)) ||
+        (rc = call(gx, cudaMemset(gx->d_pf_cnt, 0, 5 * sizeof(int)), "cudaMemset", err)) ||
+        (rc = call(gx, cudaMemset(gx->d_pf_tag, 0, 16 * (size_t)pf), "cudaMemset", err)))
+        return rc;
+    gx->pf_max = pf;
+    return 0;
+}
+
+int strata_gpu_ec_graph_prefetch(struct strata_gpu_ec *gx, int il, const float *xn,
+                                 struct strata_err *err)
+{
+    const int nx = il >= 0 && il < gx->L ? gx->next_moe[il] : -1;
+    if (!gx->pf_max || nx < 0)
+        return 0;
+    struct strata_gpu_ctx side = *gx->ctx;
+    side.stream = gx->pf_stream;
+    side.pdl = 0;
+    side.prio = gx->pf_prio;
+    const int par = gx->moe_idx[nx] % 2;
+    int32_t *tags = gx->d_pf_tag + (size_t)par * gx->pf_max;
+    const uintptr_t lo = (uintptr_t)gx->pool_dev,
+                    hi = lo + (uintptr_t)(gx->n_slots + gx->n_staging) * gx->rec;
+    uint8_t *pf_rec = (uint8_t *)gx->pool_dev +
+                      (size_t)(gx->n_slots + gx->K + par * gx->pf_max) * gx->rec;
+    int rc = call(gx, cudaEventRecord(gx->pf_fork, gx->ctx->stream), "cudaEventRecord", err);
+    if (!rc)
+        rc = call(gx, cudaStreamWaitEvent(gx->pf_stream, gx->pf_fork, 0), "cudaStreamWaitEvent",
+                  err);
+    gx->pf_forked |= !rc;
+    if (!rc)
+        rc = call(gx, cudaMemsetAsync(tags, 0, 4 * (size_t)gx->pf_max, gx->pf_stream),
+                  "cudaMemsetAsync (prefetch tags)", err);
+    if (!rc)
+        rc = strata_k_moe_router_topk(&side, &gx->gate_inp[nx], xn, 1, gx->d_pf_logits,
+                                      gx->d_pf_cnt, gx->K, 0, 1.0f, gx->d_pf_ids, gx->d_pf_w,
+                                      err);
+    if (rc)
+        return rc;
+    dim3 grid(PF_BLOCKS), block(256);
+    strata_k_launch(&side, ec_prefetch_kernel, grid, block,
+                    (const uint8_t *const *)strata_gpu_ec_tab(gx, nx),
+                    (const int32_t *)gx->d_pf_ids, gx->K, gx->pf_max, lo, hi, pf_rec, gx->rec,
+                    gx->off_up, gx->off_down, gx->bg[nx], gx->bu[nx], gx->bd[nx], tags,
+                    tags + 2 * gx->pf_max, nx * gx->X + 1, gx->d_pf_cnt + 1);
+    return strata_k_check(&side, "ec_prefetch_kernel", grid, block, err, "layer %d k=%d", nx,
+                          gx->pf_max);
+}
+
+int strata_gpu_ec_graph_join(struct strata_gpu_ec *gx, struct strata_err *err)
+{
+    if (!gx->pf_forked)
+        return 0;
+    gx->pf_forked = 0;
+    int rc = call(gx, cudaEventRecord(gx->pf_join, gx->pf_stream), "cudaEventRecord", err);
+    if (!rc)
+        rc = call(gx, cudaStreamWaitEvent(gx->ctx->stream, gx->pf_join, 0),
+                  "cudaStreamWaitEvent", err);
+    return rc;
+}
+
 static int graph_setup(struct strata_gpu_ec *gx, struct strata_err *err)
 {
     /* graph: every decode step; host: none; auto (default): the faster, measured */
@@ -943,6 +1199,8 @@ static int graph_setup(struct strata_gpu_ec *gx, struct strata_err *err)
         rc = dev_alloc(gx, (void **)&gx->d_sptr, sizeof(void *) * 3 * (size_t)gx->K,
                        "expert pointers", err);
     gx->stage_misses = stage_ok;
+    if (!rc && stage_ok)
+        rc = prefetch_setup(gx, err);
     memset(gx->h_tab, 0, nt * sizeof(void *));
     if (rc || (rc = graph_table(gx, err)) ||
         (rc = call(gx, cudaStreamSynchronize(gx->ctx->stream), "upload of the expert table",
@@ -1027,7 +1285,10 @@ int strata_gpu_ec_graph_resolve(struct strata_gpu_ec *gx, int il, const int32_t 
     strata_k_launch(gx->ctx, ec_resolve_kernel, grid, block, (const uint8_t *const *)*ptrs,
                     (const int32_t *)eids, gx->K, lo, hi,
                     (uint8_t *)gx->pool_dev + (size_t)gx->n_slots * gx->rec, gx->rec, gx->off_up,
-                    gx->off_down, gx->bg[il], gx->bu[il], gx->bd[il], gx->d_sptr);
+                    gx->off_down, gx->bg[il], gx->bu[il], gx->bd[il],
+                    gx->pf_max ? (const int32_t *)gx->d_pf_use : (const int32_t *)NULL,
+                    (const uint8_t *)gx->pool_dev + (size_t)(gx->n_slots + gx->K) * gx->rec,
+                    gx->d_sptr);
     int rc = strata_k_check(gx->ctx, "ec_resolve_kernel", grid, block, err, "layer %d k=%d", il,
                             gx->K);
     *ptrs = (const void *const *)gx->d_sptr;
@@ -1038,6 +1299,15 @@ int strata_gpu_ec_graph_resolve(struct strata_gpu_ec *gx, int il, const int32_t 
 int strata_gpu_ec_graph_ids(struct strata_gpu_ec *gx, int il, const int32_t *eids,
                             struct strata_err *err)
 {
+    if (gx->pf_max) {
+        dim3 grid(1), block(32);
+        strata_k_launch(gx->ctx, ec_ids_kernel, grid, block, eids, gx->K,
+                        gx->d_hist + (size_t)il * gx->K, (const int32_t *)gx->d_pf_tag,
+                        (const int32_t *)gx->d_pf_tag + 2 * gx->pf_max, 2 * gx->pf_max,
+                        il * gx->X + 1, gx->d_pf_use, gx->d_pf_cnt + 3);
+        return strata_k_check(gx->ctx, "ec_ids_kernel", grid, block, err, "layer %d k=%d", il,
+                              gx->K);
+    }
     return call(gx, cudaMemcpyAsync(gx->d_hist + (size_t)il * gx->K, eids, 4 * (size_t)gx->K,
                                     cudaMemcpyDeviceToDevice, gx->ctx->stream),
                 "copy of the routed ids", err);
@@ -1109,6 +1379,12 @@ int strata_gpu_ec_graph_begin(struct strata_gpu_ec *gx, struct strata_err *err)
     }
     if (!rc)
         rc = graph_table(gx, err);
+    /* no tag of the last step stays valid into this one (its records are overwritten
+     * while this step's layers may read them) */
+    if (!rc && gx->pf_max)
+        rc = call(gx, cudaMemsetAsync(gx->d_pf_tag, 0, 16 * (size_t)gx->pf_max,
+                                      gx->ctx->stream),
+                  "cudaMemsetAsync (prefetch tags)", err);
     return rc;
 }
 

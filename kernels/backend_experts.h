@@ -112,6 +112,18 @@ int strata_gpu_ec_graph_begin(struct strata_gpu_ec *gx, struct strata_err *err);
 int strata_gpu_ec_graph_ids(struct strata_gpu_ec *gx, int il, const int32_t *eids,
                             struct strata_err *err);
 int strata_gpu_ec_graph_end(struct strata_gpu_ec *gx, struct strata_err *err);
+/* Inside a graph step, after layer il's routing (capturable): the next MoE layer's
+ * likely experts - its router on xn [E], this layer's FFN input - are copied on a side
+ * stream into prefetch records, up to STRATA_EC_GRAPH_PREFETCH (default 2) of them that
+ * are not in VRAM, while this layer's experts and the next attention run; the next
+ * layer's strata_gpu_ec_graph_ids and _resolve take a complete one instead of staging
+ * the expert.  A no-op when the prefetch is off (no room in the staging, a router that
+ * is not F32) or il is the last MoE layer.  strata_gpu_ec_graph_join, after the last
+ * layer, joins the side stream to the compute stream (a captured step must end
+ * joined).  Errors: STRATA_E_GPU. */
+int strata_gpu_ec_graph_prefetch(struct strata_gpu_ec *gx, int il, const float *xn,
+                                 struct strata_err *err);
+int strata_gpu_ec_graph_join(struct strata_gpu_ec *gx, struct strata_err *err);
 /* Inside a graph step, after the layer's routing into eids [K] (capturable): the
  * pointers its expert kernels take (strata_k_mvq_args.etab) into *ptrs, and into
  * *by_slot whether they are per slot (etab_slot) - the layer's missed experts first

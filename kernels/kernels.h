@@ -27,6 +27,8 @@ struct strata_gpu_ctx {
     struct strata_gpu_info info;
     int sync_debug; /* synchronise after every launch */
     int pdl;        /* launch the decode kernels as programmatic dependent launches */
+    int prio;       /* != 0: strata_k_launch gives its kernels this priority (CUDA; a
+                       captured node keeps it, see cudaGraphInstantiateFlagUseNodePriority) */
 };
 
 #ifdef STRATA_GPU_CUDA
@@ -58,6 +60,14 @@ static inline void strata_k_launch(const struct strata_gpu_ctx *ctx, void (*k)(P
         cudaLaunchAttribute at[1];
         at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t cfg = strata_k_cfg(ctx, grid, block, 0, at);
+        (void)cudaLaunchKernelEx(&cfg, k, args...);
+        return;
+    }
+    if (ctx->prio) {
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributePriority;
+        at[0].val.priority = ctx->prio;
         cudaLaunchConfig_t cfg = strata_k_cfg(ctx, grid, block, 0, at);
         (void)cudaLaunchKernelEx(&cfg, k, args...);
         return;

@@ -741,7 +741,10 @@ struct cJSON *strata_ec_stats_json(const struct strata_expert_cache *ec,
             !cJSON_AddNumberToObject(o, "bytes_copied", (double)t->bytes_copied) ||
             !cJSON_AddNumberToObject(o, "cpu_experts", (double)t->n_cpu_experts) ||
             !cJSON_AddNumberToObject(o, "graph_steps", (double)t->graph_steps) ||
-            !cJSON_AddNumberToObject(o, "bytes_in_place", (double)t->bytes_in_place))
+            !cJSON_AddNumberToObject(o, "bytes_in_place", (double)t->bytes_in_place) ||
+            !cJSON_AddNumberToObject(o, "graph_prefetched", (double)t->graph_prefetched) ||
+            !cJSON_AddNumberToObject(o, "graph_prefetch_used", (double)t->graph_prefetch_used) ||
+            !cJSON_AddNumberToObject(o, "graph_prefetch_asked", (double)t->graph_prefetch_asked))
             goto fail;
     }
     return o;

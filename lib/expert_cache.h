@@ -273,6 +273,11 @@ struct strata_ec_times {
     /* decode steps run as graphs (their time is in none of the above: no host work
      * inside them) and the expert bytes their kernels read in place over PCIe */
     uint64_t graph_steps, bytes_in_place;
+    /* experts the graph steps prefetched for their next MoE layer (a side stream,
+     * during the layer before; STRATA_EC_GRAPH_PREFETCH), how many of them that layer
+     * then used, and how many of its routed experts had been asked for (used, or not
+     * yet complete when the layer needed them) */
+    uint64_t graph_prefetched, graph_prefetch_used, graph_prefetch_asked;
 };
 
 struct cJSON;
@@ -280,8 +285,8 @@ struct cJSON;
  * hit_rate and pair_hit_rate (0..1), pcie_bytes_per_token, cpu_experts_per_token,
  * "layers": [{layer, hit_rate, pair_hit_rate, pcie_bytes_per_token,
  * cpu_experts_per_token, prefetch_hit_rate}], and with t the "time_s" split {moe,
- * gpu, copy_wait, cpu, host}, copies, bytes_copied, cpu_experts, graph_steps and
- * bytes_in_place.  NULL when out of memory. */
+ * gpu, copy_wait, cpu, host}, copies, bytes_copied, cpu_experts, graph_steps,
+ * bytes_in_place, graph_prefetched and graph_prefetch_used.  NULL when out of memory. */
 struct cJSON *strata_ec_stats_json(const struct strata_expert_cache *ec,
                                    const struct strata_ec_times *t);
 /* Print per-layer hit rate, bytes over PCIe per token and CPU experts per

@@ -56,6 +56,8 @@ struct phase {
         run_pcie_ms, run_cpu_ms, cpu_rate;
     double moe_ms, sync_ms, wait_ms, pf_per_tok, pf_used; /* per token; prefetch use % */
     double graph_pct, in_place_mb; /* steps seen as graphs (%), their bytes read in place */
+    /* experts graph steps prefetched per step, % used, % of them routed (used or late) */
+    double gpf_per_step, gpf_used, gpf_asked;
 };
 
 /* kB of a "Name:   N kB" line of /proc/self/status; -1 when absent */
@@ -121,6 +123,10 @@ static void phase_stats(struct strata_engine *e, const double *rec, int n, doubl
     ph->pf_used = pf ? 100.0 * pfu / pf : 0;
     ph->graph_pct = 100.0 * (double)tm.graph_steps / n;
     ph->in_place_mb = tm.graph_steps ? (double)tm.bytes_in_place / tm.graph_steps / 1e6 : 0;
+    ph->gpf_per_step = tm.graph_steps ? (double)tm.graph_prefetched / tm.graph_steps : 0;
+    ph->gpf_used = tm.graph_prefetched ? 100.0 * tm.graph_prefetch_used / tm.graph_prefetched : 0;
+    ph->gpf_asked = tm.graph_prefetched ? 100.0 * tm.graph_prefetch_asked / tm.graph_prefetched
+                                        : 0;
 }
 
 static void print_phase(const char *name, const struct phase *p)
@@ -134,9 +140,10 @@ static void print_phase(const char *name, const struct phase *p)
            fl > 0 ? 1e3 / fl : 0);
     printf("          time per token: routed experts %.3f ms (waiting for the forward pass "
            "%.3f, GPU waiting for copies %.3f, CPU experts %.3f) | prefetch %.2f experts/token, "
-           "%.0f%% used | graph steps %.0f%% (%.2f MB read in place each)\n", p->moe_ms,
-           p->sync_ms, p->wait_ms, p->run_cpu_ms, p->pf_per_tok, p->pf_used, p->graph_pct,
-           p->in_place_mb);
+           "%.0f%% used | graph steps %.0f%% (%.2f MB read in place each, %.2f experts "
+           "prefetched, %.0f%% used, %.0f%% routed)\n", p->moe_ms, p->sync_ms, p->wait_ms,
+           p->run_cpu_ms, p->pf_per_tok, p->pf_used, p->graph_pct, p->in_place_mb,
+           p->gpf_per_step, p->gpf_used, p->gpf_asked);
 }
 
 int main(int argc, char **argv)

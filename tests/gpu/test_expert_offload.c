@@ -156,6 +156,11 @@ static void model_matrix(const char *model, const char *text)
                 setenv("STRATA_EC_STAGE_MISSES", "0", 1);
             else
                 unsetenv("STRATA_EC_STAGE_MISSES");
+            /* graph steps prefetch the next layer's likely experts (off by default) */
+            if (graph && bi != 11)
+                setenv("STRATA_EC_GRAPH_PREFETCH", "2", 1);
+            else
+                unsetenv("STRATA_EC_GRAPH_PREFETCH");
             struct strata_ec_cfg cfg;
             strata_ec_cfg_init(&cfg);
             cfg.slots = slots[bi];
@@ -243,6 +248,20 @@ static void model_matrix(const char *model, const char *text)
                      : strstr(logbuf, "decode steps stay host-planned") != NULL,
                    "%s: %d slots, graph steps: %.0f, %.3f MB read in place per step%s", model,
                    slots[bi], steps, zc, q ? "" : " (F16 experts: host-planned, said so)");
+                if (q && slots[bi] < total && bi != 11) {
+                    /* misses staged: the next layer's likely experts were prefetched on
+                     * the side stream (the logits above stay bitwise the all-in-VRAM
+                     * run's whichever records the kernels read) */
+                    const char *pf = gs ? strstr(gs, "prefetch: ") : NULL;
+                    int per = pf ? atoi(pf + strlen("prefetch: ")) : 0;
+                    const char *np = pf ? strstr(pf, "at most, ") : NULL;
+                    double n_pf = np ? atof(np + strlen("at most, ")) : 0;
+                    const char *nu = np ? strstr(np, "prefetched, ") : NULL;
+                    double n_used = nu ? atof(nu + strlen("prefetched, ")) : -1;
+                    ok(per > 0 && n_pf > 0 && n_used > 0 && n_used <= n_pf * 2,
+                       "%s: %d slots, graph steps prefetched %.0f experts (up to %d a layer), "
+                       "%.0f used", model, slots[bi], n_pf, per, n_used);
+                }
             }
             const char *cp = strstr(logbuf, "expert copies: ");
             double mbt = cp && strstr(cp, "(") ? atof(strstr(cp, "(") + 1) : -1;
