@@ -193,6 +193,17 @@ int strata_spec_create(struct strata_spec **out, struct strata_engine *target,
             strata_err_wrap(err, "speculative calibration: ");
             goto out;
         }
+        /* a draft model's probe catches up on up to STRATA_SPEC_CATCHUP tokens: on a
+         * device backend in pieces of STRATA_SPEC_MAX + 1 and the last token alone
+         * (draft_model.c), each about a step; on the CPU one batch and the last token,
+         * at least two steps.  Known before the first probe, so that one already
+         * waits its share (SPEC_PROBE_SHARE) */
+        if (s->draft.step_ms > 0) {
+            int dev = be && strcmp(be, "cpu") != 0;
+            int evals = dev ? (STRATA_SPEC_CATCHUP + STRATA_SPEC_MAX) / (STRATA_SPEC_MAX + 1) + 1
+                            : 2;
+            s->bo.catchup_ms_est = evals * s->draft.step_ms;
+        }
     }
     *out = s;
     s = NULL;
@@ -314,9 +325,11 @@ static double yield_of(double alpha, int k)
  * the plain steps after the probe. */
 static void lengthen_wait(struct strata_spec_backoff *b)
 {
-    double w = 2.0 * b->probe_every;
-    if (b->catchup / SPEC_PROBE_SHARE > w)
-        w = b->catchup / SPEC_PROBE_SHARE;
+    double w = 2.0 * b->probe_every, cu = b->catchup;
+    if (b->catchup_ms_est > 0 && b->t_plain > 0 && b->catchup_ms_est / b->t_plain > cu)
+        cu = b->catchup_ms_est / b->t_plain; /* no probe measured yet, or a cheaper one */
+    if (cu / SPEC_PROBE_SHARE > w)
+        w = cu / SPEC_PROBE_SHARE;
     b->probe_every = w > SPEC_PROBE_MAX ? SPEC_PROBE_MAX : (int)w;
     b->catchup = b->probe_loss = 0;
 }

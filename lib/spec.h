@@ -260,6 +260,10 @@ struct strata_spec_backoff {
     int probe_every;  /* plain steps in a row before a probe (w) */
     double probe_loss; /* plain steps drafting lost since it last paid for itself */
     double catchup;    /* plain steps of the draft's catch-ups in that time */
+    double catchup_ms_est; /* ms a probe's catch-up is expected to take before one was
+                              measured (a draft model's, from its step time; 0 none):
+                              the first wait after drafting stopped is at least that
+                              over the probes' share, as later ones are */
     int probing;      /* the window being chosen/learnt is a probe */
 };
 

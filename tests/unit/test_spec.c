@@ -644,6 +644,7 @@ struct bo_sim {
     double first;            /* the first window of each size costs this many times more */
     double spike_p, spike;   /* a share of all windows (plain too) cost spike times more */
     double catchup;          /* plain steps per token the draft catches up on */
+    double catchup_est;      /* the back-off's estimate of a probe's catch-up (0 none) */
     int n_tokens;
     /* results */
     int n_windows, n_drafting, n_tokens_out, n_hopeless_chosen, n_catchups;
@@ -659,6 +660,7 @@ static void bo_run(struct bo_sim *m, uint64_t seed)
 {
     struct strata_spec_backoff b;
     strata_spec_backoff_init(&b, m->T, 1);
+    b.catchup_ms_est = m->catchup_est;
     unsigned char seen[STRATA_SPEC_MAX + 1] = { 0 };
     int behind = 0; /* tokens the draft has not seen */
     m->n_windows = m->n_drafting = m->n_tokens_out = m->n_hopeless_chosen = m->n_catchups = 0;
@@ -757,6 +759,20 @@ static void backoff(void)
         ok(bo_speed(&m) >= 0.995, "back-off, a draft that does not pay, catch-up 0.12 a "
            "token: speed %.3f (>= 0.995), %d catch-ups in 4000 tokens", bo_speed(&m),
            m.n_catchups);
+    }
+    /* a draft model on a GPU (a window of 1 draft 1.64 plain steps, acceptance 1/2,
+     * a probe's catch-up 1.7 plain steps): with the catch-up estimated from the draft's
+     * step before the first probe, a 512-token run probes not at all after exploring;
+     * without, once */
+    for (int est = 0; est <= 1; est++) {
+        struct bo_sim m = { .T = 8, .alpha = 0.5, .c1 = 1.64, .slope = 0.45, .power = 1,
+                            .first = 1, .catchup = 1.7 / STRATA_SPEC_CATCHUP,
+                            .catchup_est = est ? 1.3 : 0, .n_tokens = 512 };
+        bo_run(&m, 8);
+        ok(est ? m.n_catchups == 0 && m.n_drafting <= 3 : m.n_catchups >= 1,
+           "back-off, draft model on a GPU, 512 tokens, catch-up %s: %d probes' catch-ups, "
+           "%d drafting windows, speed %.4f", est ? "estimated" : "unknown", m.n_catchups,
+           m.n_drafting, bo_speed(&m));
     }
     /* cheap windows (a GPU) and high acceptance: it drafts almost always, near T */
     for (int T = 2; T <= 8; T *= 2) {
