@@ -43,8 +43,10 @@ extern "C" {
 #define MATVEC_MAX 17
 #define PROF_MAX_EV 512
 #define PROF_MAX_OPS 64
-/* STRATA_LOGITS_TOPK: 64 ids and values, and strata_k_topk's scratch (P x k <= 4096 keys) */
-#define TOPK_BYTES (8 * STRATA_K_TOPK_MAX + 8 * 4096)
+/* STRATA_LOGITS_TOPK: k ids, k values and the log-sum-exp (a double), then from byte
+ * TOPK_SCRATCH strata_k_topk's scratch (P x k <= 4096 keys) */
+#define TOPK_SCRATCH (8 * STRATA_K_TOPK_MAX + 8)
+#define TOPK_BYTES (TOPK_SCRATCH + 8 * 4096)
 
 struct dev_layer {
     float *attn_norm, *ffn_norm, *q_norm, *k_norm;
@@ -132,8 +134,8 @@ struct gpu_state {
     int tab_now; /* this forward is such a step (strata_gpu_ec_decode_graph said so) */
     float *h_logits; /* pinned staging of one logits row (or of an argmax id) */
     int32_t *d_amax; /* the argmax id of STRATA_LOGITS_ARGMAX */
-    /* STRATA_LOGITS_TOPK: k ids, then k values (the layout the engine takes), then
-     * strata_k_topk's scratch */
+    /* STRATA_LOGITS_TOPK: k ids, k values and the log-sum-exp (the layout the engine
+     * takes), then strata_k_topk's scratch (TOPK_BYTES) */
     int32_t *d_topk;
     /* STRATA_GPU_PROFILE=1: events between the launches of a forward pass (no graph);
      * per-operation totals are logged when the backend is freed */
@@ -1043,9 +1045,9 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
     }
 #endif
     if ((rc = gpu_call(s, cudaMallocHost((void **)&s->h_logits,
-                                         4 * (size_t)(s->n_vocab > 2 * STRATA_K_TOPK_MAX
+                                         4 * (size_t)(s->n_vocab > 2 * STRATA_K_TOPK_MAX + 2
                                                           ? s->n_vocab
-                                                          : 2 * STRATA_K_TOPK_MAX)),
+                                                          : 2 * STRATA_K_TOPK_MAX + 2)),
                        "cudaMallocHost (logits)", err)) ||
         (rc = dalloc(s, (void **)&s->d_amax, 256, "argmax id", err)) ||
         (rc = dalloc(s, (void **)&s->d_topk, TOPK_BYTES, "top-k logits", err)))
@@ -1646,13 +1648,16 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
     if (topk) {
         /* top-k sampling: the k largest found on the device, 8 k bytes back */
         if (k < 1 || k > STRATA_K_TOPK_MAX || k > s->n_vocab ||
-            strata_k_topk_scratch(s->n_vocab, 1, k) > TOPK_BYTES - 8 * STRATA_K_TOPK_MAX)
+            strata_k_topk_scratch(s->n_vocab, 1, k) > TOPK_BYTES - TOPK_SCRATCH)
             return strata_k_err(err, STRATA_E_INVALID, "top_k %d outside 1..%d", k,
                                 STRATA_K_TOPK_MAX);
         if ((rc = strata_k_topk(&s->ctx, s->logits, s->n_vocab, 1, k,
-                                s->d_topk + 2 * STRATA_K_TOPK_MAX, s->d_topk,
+                                (char *)s->d_topk + TOPK_SCRATCH, s->d_topk,
                                 (float *)s->d_topk + k, err)) ||
-            (rc = gpu_call(s, cudaMemcpyAsync(s->h_logits, s->d_topk, 8 * (size_t)k,
+            (b->lse && (rc = strata_k_logsumexp(&s->ctx, s->logits, s->n_vocab, 1,
+                                                (double *)(s->d_topk + 2 * k), err))) ||
+            (rc = gpu_call(s, cudaMemcpyAsync(s->h_logits, s->d_topk,
+                                              8 * (size_t)k + (b->lse ? 8 : 0),
                                               cudaMemcpyDeviceToHost, st),
                            "copy of the top-k logits", err)))
             return rc;
@@ -1684,7 +1689,7 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
         if (id < 0 || id >= s->n_vocab) /* -1: no logit is a number */
             return strata_k_err(err, STRATA_E_GPU, "sampling step at position %d: no logit is "
                                 "a number (every one NaN)", b->pos0 + n - 1);
-        memcpy(logits, s->h_logits, 8 * (size_t)k);
+        memcpy(logits, s->h_logits, 8 * (size_t)k + (b->lse ? 8 : 0));
     } else if (want && rows == 1)
         memcpy(logits, s->h_logits, 4 * (size_t)s->n_vocab);
     if (s->prof)

@@ -403,6 +403,13 @@ int strata_k_add(struct strata_gpu_ctx *ctx, const float *a, const float *b, flo
 int strata_k_argmax(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows,
                     int32_t *ids, struct strata_err *err);
 
+/* For each of n_rows rows of n logits: log sum_i exp(logits[i]) -> out[row] (double),
+ * as strata_sampler_log_sum_exp (the largest plus the log of the float exponentials
+ * relative to it, summed in double, in another order); NaN logits are skipped.  A
+ * token's logprob is its logit minus it.  One block per row. */
+int strata_k_logsumexp(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows,
+                       double *out, struct strata_err *err);
+
 /* The most logits strata_k_topk returns per row. */
 #define STRATA_K_TOPK_MAX 64
 

@@ -133,7 +133,59 @@ __global__ void topk_final_kernel(const uint64_t *__restrict__ part, int n_part,
     }
 }
 
+/* Block row: log sum_i exp(l_i) of the row, as strata_sampler_log_sum_exp computes it
+ * (the largest, plus the log of the float exponentials relative to it summed in
+ * double; the sum's order differs) into out[row].  NaN logits are skipped. */
+__global__ void logsumexp_kernel(const float *__restrict__ logits, int n, double *out)
+{
+    __shared__ float smx[STRATA_GPU_MAX_WARP];
+    __shared__ double ssum[STRATA_GPU_MAX_WARP];
+    const float *lr = logits + (int64_t)blockIdx.x * n;
+    const int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize,
+              nw = blockDim.x / warpSize;
+    float mx = -INFINITY;
+    for (int e = threadIdx.x; e < n; e += blockDim.x)
+        mx = fmaxf(mx, lr[e]);
+    for (int m = warpSize / 2; m > 0; m >>= 1)
+        mx = fmaxf(mx, STRATA_SHFL_XOR(mx, m));
+    if (lane == 0)
+        smx[wid] = mx;
+    __syncthreads();
+    mx = smx[0];
+    for (int w = 1; w < nw; w++)
+        mx = fmaxf(mx, smx[w]);
+    double sum = 0;
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        const float x = lr[e];
+        if (x == x)
+            sum += (double)expf(x - mx);
+    }
+    for (int m = warpSize / 2; m > 0; m >>= 1)
+        sum += STRATA_SHFL_XOR(sum, m);
+    if (lane == 0)
+        ssum[wid] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0;
+        for (int w = 0; w < nw; w++)
+            t += ssum[w];
+        out[blockIdx.x] = (double)mx + log(t);
+    }
+}
+
 #ifdef STRATA_GPU_HOST_PASS
+int strata_k_logsumexp(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows,
+                       double *out, struct strata_err *err)
+{
+    if (n <= 0 || n_rows <= 0)
+        return strata_k_err(err, STRATA_E_INVALID, "logsumexp: bad shape n=%d n_rows=%d", n,
+                            n_rows);
+    dim3 grid((unsigned)n_rows), block(1024);
+    logsumexp_kernel<<<grid, block, 0, ctx->stream>>>(logits, n, out);
+    return strata_k_check(ctx, "logsumexp_kernel", grid, block, err, "n=%d n_rows=%d", n,
+                          n_rows);
+}
+
 /* parts per row: as many TOPK_SORT pieces as the row has, at most what the final sort
  * holds */
 static int topk_parts(int n, int k)

@@ -1346,7 +1346,7 @@ int32_t strata_engine_n_past(const struct strata_engine *e) { return e->n_past; 
 const int32_t *strata_engine_history(const struct strata_engine *e) { return e->hist; }
 
 static int eval_common(struct strata_engine *e, const int32_t *ids, const float *embd,
-                       int32_t n_tok, int mode, int32_t top_k, float *logits,
+                       int32_t n_tok, int mode, int32_t top_k, int want_lse, float *logits,
                        struct strata_err *err)
 {
     const int32_t n_vocab = (int32_t)e->m->hp.n_vocab;
@@ -1374,6 +1374,7 @@ static int eval_common(struct strata_engine *e, const int32_t *ids, const float 
         b.embd = embd ? embd + (size_t)off * e->m->hp.n_embd : NULL;
         b.pos0 = start + off;
         b.top_k = top_k;
+        b.lse = want_lse;
         float *lo = NULL;
         if (mode == STRATA_LOGITS_ALL) {
             b.logits = STRATA_LOGITS_ALL;
@@ -1418,7 +1419,7 @@ int strata_engine_eval(struct strata_engine *e, const int32_t *ids, int32_t n_to
     int rc = reduced_mode(logits_mode, err);
     if (rc)
         return rc;
-    return eval_common(e, ids, NULL, n_tok, logits_mode, 0, logits, err);
+    return eval_common(e, ids, NULL, n_tok, logits_mode, 0, 0, logits, err);
 }
 
 int strata_engine_eval_argmax(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
@@ -1427,18 +1428,18 @@ int strata_engine_eval_argmax(struct strata_engine *e, const int32_t *ids, int32
     if (!ids || !next)
         return strata_err_set(err, STRATA_E_INVALID, "NULL token ids or id output");
     if (e->ops->argmax)
-        return eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_ARGMAX, 0, (float *)next, err);
+        return eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_ARGMAX, 0, 0, (float *)next, err);
     const int32_t n_vocab = (int32_t)e->m->hp.n_vocab;
     if (!e->argmax_row && !(e->argmax_row = malloc(sizeof(float) * (size_t)n_vocab)))
         return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
-    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, 0, e->argmax_row, err);
+    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, 0, 0, e->argmax_row, err);
     if (!rc)
         *next = strata_sampler_argmax(e->argmax_row, n_vocab);
     return rc;
 }
 
 int strata_engine_eval_topk(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
-                            int32_t top_k, int32_t *top_ids, float *top_vals,
+                            int32_t top_k, int32_t *top_ids, float *top_vals, double *lse,
                             struct strata_err *err)
 {
     const int32_t n_vocab = (int32_t)e->m->hp.n_vocab;
@@ -1449,19 +1450,26 @@ int strata_engine_eval_topk(struct strata_engine *e, const int32_t *ids, int32_t
                               n_vocab < STRATA_SAMPLER_TOPK_MAX ? n_vocab
                                                                 : STRATA_SAMPLER_TOPK_MAX);
     if (e->ops->topk_max >= top_k) {
-        int32_t buf[2 * STRATA_SAMPLER_TOPK_MAX];
-        int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_TOPK, top_k, (float *)buf, err);
+        /* ids, values, then the log-sum-exp (a double at byte 8 top_k: aligned) */
+        double buf[STRATA_SAMPLER_TOPK_MAX + 1];
+        int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_TOPK, top_k, lse != NULL,
+                             (float *)buf, err);
         if (!rc) {
             memcpy(top_ids, buf, sizeof(int32_t) * (size_t)top_k);
-            memcpy(top_vals, buf + top_k, sizeof(float) * (size_t)top_k);
+            memcpy(top_vals, (int32_t *)buf + top_k, sizeof(float) * (size_t)top_k);
+            if (lse)
+                memcpy(lse, buf + top_k, sizeof *lse);
         }
         return rc;
     }
     if (!e->argmax_row && !(e->argmax_row = malloc(sizeof(float) * (size_t)n_vocab)))
         return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
-    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, 0, e->argmax_row, err);
-    if (!rc)
+    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, 0, 0, e->argmax_row, err);
+    if (!rc) {
         strata_sampler_topk(e->argmax_row, n_vocab, top_k, top_ids, top_vals);
+        if (lse)
+            *lse = strata_sampler_log_sum_exp(e->argmax_row, n_vocab);
+    }
     return rc;
 }
 
@@ -1473,7 +1481,7 @@ int strata_engine_eval_embd(struct strata_engine *e, const float *embd, int32_t 
     int rc = reduced_mode(logits_mode, err);
     if (rc)
         return rc;
-    return eval_common(e, NULL, embd, n_tok, logits_mode, 0, logits, err);
+    return eval_common(e, NULL, embd, n_tok, logits_mode, 0, 0, logits, err);
 }
 
 int strata_engine_rollback(struct strata_engine *e, int32_t n_past, struct strata_err *err)

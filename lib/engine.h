@@ -84,6 +84,7 @@ struct strata_batch {
     int32_t pos0;       /* position of the first token; the kv cache holds 0..pos0-1 */
     int logits;         /* enum strata_logits_mode */
     int32_t top_k;      /* with STRATA_LOGITS_TOPK: how many */
+    int lse;            /* with STRATA_LOGITS_TOPK: 1 = also the row's log-sum-exp */
 };
 
 /* ---- backend interface ----
@@ -117,7 +118,7 @@ struct strata_backend_ops {
      * one int32_t: the last position's argmax; with STRATA_LOGITS_TOPK, on a backend
      * whose topk_max >= b->top_k, the last position's b->top_k largest logits in
      * strata_sampler_topk's order: b->top_k int32_t ids, then their b->top_k float
-     * values). */
+     * values, then with b->lse one double: strata_sampler_log_sum_exp of the row). */
     int (*forward)(void *state, const struct strata_batch *b, float *logits,
                    struct strata_err *err);
 
@@ -210,16 +211,19 @@ int strata_engine_eval_argmax(struct strata_engine *e, const int32_t *ids, int32
 
 /* strata_engine_eval whose last position's logits are reduced to their top_k largest
  * (1 <= top_k <= STRATA_SAMPLER_TOPK_MAX), best first in strata_sampler_topk's order:
- * ids [top_k] and vals [top_k], what strata_sampler_sample_topk draws from.  Sampling
- * with top-k and no penalties needs no more; on a GPU backend they are found on the
- * device and 8 top_k bytes come back instead of the row; elsewhere the engine evaluates
- * the row into its own buffer and selects them (strata_sampler_topk), so the result is
- * the same.  NaN logits never win; a row without a logit that is not NaN is
+ * ids [top_k] and vals [top_k], what strata_sampler_sample_topk draws from, and into
+ * *lse (unless NULL) the row's log-sum-exp (strata_sampler_log_sum_exp; a token's
+ * logprob is its logit minus it).  Sampling with top-k and no penalties needs no more,
+ * nor do a greedy step's or a sampled one's logprob and top logprobs; on a GPU backend
+ * they are found on the device and 8 top_k (+ 8) bytes come back instead of the row;
+ * elsewhere the engine evaluates the row into its own buffer and computes them
+ * (strata_sampler_topk), so the result is the same (the log-sum-exp up to the order of
+ * its sum).  NaN logits never win; a row without a logit that is not NaN is
  * STRATA_E_GPU on the device.  Errors: those of strata_engine_eval, STRATA_E_INVALID
  * (NULL ids or outputs, top_k outside 1..STRATA_SAMPLER_TOPK_MAX or above n_vocab),
  * STRATA_E_NOMEM. */
 int strata_engine_eval_topk(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
-                            int32_t top_k, int32_t *top_ids, float *top_vals,
+                            int32_t top_k, int32_t *top_ids, float *top_vals, double *lse,
                             struct strata_err *err);
 
 /* The same with input embeddings [n_tok, n_embd] instead of ids (image

@@ -217,15 +217,25 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
     const int by_argmax = !p->spec && !p->logprobs && p->n_top_logprobs == 0 &&
                           strata_sampler_is_argmax(smp);
     int32_t next = -1; /* the argmax of the last step, when by_argmax */
-    /* sampling that needs only the top_k largest logits (top-k without penalties):
-     * those are found where the logits are (strata_engine_eval_topk) and drawn from
-     * with the same result as the whole row */
-    const int32_t by_topk = !p->spec && !p->logprobs && p->n_top_logprobs == 0
-                                ? strata_sampler_topk_k(smp)
-                                : 0;
+    /* Steps that need only the largest logits of the row: sampling with top-k and no
+     * penalties (samp_k of them), and the logprob and top logprobs of a greedy or such
+     * a sampled step (with the row's log-sum-exp).  Those are found where the logits
+     * are (strata_engine_eval_topk) and give the same tokens as the whole row. */
+    const int32_t samp_k = strata_sampler_topk_k(smp);
+    const int want_lp = p->logprobs || p->n_top_logprobs > 0;
+    int32_t by_topk = 0;
+    if (!p->spec && !by_argmax && p->n_top_logprobs <= STRATA_SAMPLER_TOPK_MAX &&
+        (samp_k > 0 || strata_sampler_is_argmax(smp))) {
+        by_topk = samp_k > 0 ? samp_k : 1;
+        if (p->n_top_logprobs > by_topk)
+            by_topk = p->n_top_logprobs;
+        if (by_topk > n_vocab)
+            by_topk = 0; /* a vocabulary smaller than the top logprobs asked for */
+    }
     int32_t tk_ids[STRATA_SAMPLER_TOPK_MAX];
     float tk_vals[STRATA_SAMPLER_TOPK_MAX];
-    int have_tk = 0; /* the last step's top-k are in tk_ids/tk_vals */
+    double tk_lse = 0;
+    int have_tk = 0; /* the last step's top-k (and log-sum-exp) are in tk_* */
     for (;;) {
         if (p->n_predict >= 0 && res->n_gen >= p->n_predict) {
             res->stop_reason = STRATA_STOP_LENGTH;
@@ -233,10 +243,25 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
         }
         float lp = 0;
         int n_top = p->n_top_logprobs;
-        int32_t id = next >= 0  ? next
-                     : have_tk ? strata_sampler_sample_topk(smp, tk_ids, tk_vals, by_topk)
-                               : strata_sampler_sample(smp, cur, p->logprobs || n_top ? &lp : NULL,
-                                                       n_top ? top : NULL, n_top);
+        int32_t id;
+        if (next >= 0) {
+            id = next;
+        } else if (have_tk) {
+            id = samp_k > 0 ? strata_sampler_sample_topk(smp, tk_ids, tk_vals, samp_k)
+                            : tk_ids[0];
+            for (int32_t j = 0; j < by_topk; j++) {
+                const float l = (float)((double)tk_vals[j] - tk_lse);
+                if (tk_ids[j] == id)
+                    lp = l;
+                if (j < n_top) {
+                    top[j].id = tk_ids[j];
+                    top[j].logprob = tk_ids[j] >= 0 ? l : -INFINITY;
+                }
+            }
+        } else {
+            id = strata_sampler_sample(smp, cur, p->logprobs || n_top ? &lp : NULL,
+                                       n_top ? top : NULL, n_top);
+        }
         if (!p->ignore_eog && strata_vocab_is_eog(v, id)) {
             res->stop_reason = STRATA_STOP_EOG;
             break;
@@ -302,7 +327,8 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
         }
         if ((rc = p->spec       ? strata_spec_next(p->spec, id, &cur, err)
                   : by_argmax ? strata_engine_eval_argmax(e, &id, 1, &next, err)
-                  : by_topk   ? strata_engine_eval_topk(e, &id, 1, by_topk, tk_ids, tk_vals, err)
+                  : by_topk   ? strata_engine_eval_topk(e, &id, 1, by_topk, tk_ids, tk_vals,
+                                                          want_lp ? &tk_lse : NULL, err)
                               : strata_engine_eval(e, &id, 1, STRATA_LOGITS_LAST, logits, err)))
             goto out;
         have_tk = by_topk > 0;

@@ -172,6 +172,13 @@ static double log_sum_exp(const float *logits, int32_t n, float *mx_out)
     return log(sum);
 }
 
+double strata_sampler_log_sum_exp(const float *logits, int32_t n_vocab)
+{
+    float mx;
+    double lse = log_sum_exp(logits, n_vocab, &mx);
+    return (double)mx + lse;
+}
+
 float strata_sampler_logprob(const float *logits, int32_t n_vocab, int32_t id)
 {
     float mx;

@@ -102,6 +102,10 @@ void strata_sampler_topk(const float *logits, int32_t n, int32_t k, int32_t *ids
 /* Index of the largest logit (the first on ties). */
 int32_t strata_sampler_argmax(const float *logits, int32_t n_vocab);
 
+/* log sum_i exp(logits[i]) over n_vocab logits: the largest plus the log of the sum
+ * of float exponentials relative to it, summed in double (logprob of a token = its
+ * logit minus this). */
+double strata_sampler_log_sum_exp(const float *logits, int32_t n_vocab);
 /* log softmax of logits[id] over n_vocab logits, computed in double. */
 float strata_sampler_logprob(const float *logits, int32_t n_vocab, int32_t id);
 

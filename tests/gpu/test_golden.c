@@ -273,13 +273,27 @@ static int windows(struct strata_engine *e, const int32_t *ids, int n_ids, const
         for (int i = 0; i < n && !rc; i++) {
             int32_t gi[STRATA_SAMPLER_TOPK_MAX], wi[STRATA_SAMPLER_TOPK_MAX];
             float gv[STRATA_SAMPLER_TOPK_MAX], wv[STRATA_SAMPLER_TOPK_MAX];
-            rc = strata_engine_eval_topk(e, ids + p + i, 1, k, gi, gv, &err);
-            strata_sampler_topk(w + (size_t)i * row, (int32_t)row, k, wi, wv);
+            double lse = 0;
+            rc = strata_engine_eval_topk(e, ids + p + i, 1, k, gi, gv, i % 2 ? &lse : NULL,
+                                         &err);
+            const float *wr = w + (size_t)i * row;
+            strata_sampler_topk(wr, (int32_t)row, k, wi, wv);
             for (int j = 0; j < k && !rc; j++)
                 agree &= gi[j] == wi[j] && gv[j] == wv[j];
+            /* the device's log-sum-exp: the host's up to the order of its sum and the
+             * device's expf (2 ulp): well below a float logprob's resolution */
+            if (!rc && i % 2) {
+                const double want = strata_sampler_log_sum_exp(wr, (int32_t)row);
+                if (!(fabs(lse - want) <= 1e-6 * (1 + fabs(want)))) {
+                    agree = 0;
+                    diag("%s: log-sum-exp at %d: device %.12g, host %.12g", model, p + i,
+                         lse, want);
+                }
+            }
         }
         ok(rc == 0 && agree, "%s (%s): %d top-%d steps from %d give the %d largest logits of "
-           "each decode in order%s%s", model, what, n, k, p, k, rc ? ": " : "", err.msg);
+           "each decode in order (and the log-sum-exp)%s%s", model, what, n, k, p, k,
+           rc ? ": " : "", err.msg);
         if (!rc && ref)
             ok(memcmp(ref + (size_t)c * 17 * row, w, sizeof(float) * n * row) == 0,
                "%s: the %d-token window at %d equal with and without graphs", model, n, p);

@@ -1279,10 +1279,32 @@ static void test_topk(int n, int n_rows, int k, int ties)
     float *dl = (float *)kt_up(l, 4 * (size_t)n * n_rows), *dv = (float *)kt_dev(4 * k * n_rows);
     int32_t *di = (int32_t *)kt_dev(4 * k * n_rows), *da = (int32_t *)kt_dev(4 * n_rows);
     void *scr = kt_dev(strata_k_topk_scratch(n, n_rows, k));
+    double *dlse = (double *)kt_dev(8 * n_rows), *glse = (double *)malloc(8 * n_rows);
     int rc = strata_k_topk(&ctx, dl, n, n_rows, k, scr, di, dv, &err);
     if (!rc)
         rc = strata_k_argmax(&ctx, dl, n, n_rows, da, &err);
+    if (!rc)
+        rc = strata_k_logsumexp(&ctx, dl, n, n_rows, dlse, &err);
     KT_CUDA(cudaDeviceSynchronize());
+    kt_down(glse, dlse, 8 * n_rows);
+    int lse_ok = 1;
+    for (int r = 0; r < n_rows && !rc; r++) {
+        /* the largest number, then float exponentials summed in double; NaN skipped */
+        const float *lr = l + (int64_t)r * n;
+        float mx = -INFINITY;
+        for (int i = 0; i < n; i++)
+            if (lr[i] > mx)
+                mx = lr[i];
+        double sum = 0;
+        for (int i = 0; i < n; i++)
+            if (lr[i] == lr[i])
+                sum += (double)expf(lr[i] - mx);
+        const double want = (double)mx + log(sum);
+        if (!(fabs(glse[r] - want) <= 1e-9 * (1 + fabs(want)))) {
+            lse_ok = 0;
+            diag("row %d: logsumexp %.12g, reference %.12g", r, glse[r], want);
+        }
+    }
     kt_down(gi, di, 4 * k * n_rows);
     kt_down(gv, dv, 4 * k * n_rows);
     kt_down(am, da, 4 * n_rows);
@@ -1306,10 +1328,10 @@ static void test_topk(int n, int n_rows, int k, int ties)
                      gv[r * k + j], b, lr[b]);
         }
     }
-    ok(good, "topk/argmax n=%d rows=%d k=%d ties=%d %s", n, n_rows, k, ties,
-       rc ? err.msg : "");
-    cudaFree(dl); cudaFree(dv); cudaFree(di); cudaFree(da); cudaFree(scr);
-    free(l); free(gi); free(am); free(gv); free(used);
+    ok(good && lse_ok, "topk/argmax/logsumexp n=%d rows=%d k=%d ties=%d %s", n, n_rows, k,
+       ties, rc ? err.msg : "");
+    cudaFree(dl); cudaFree(dv); cudaFree(di); cudaFree(da); cudaFree(scr); cudaFree(dlse);
+    free(l); free(gi); free(am); free(gv); free(used); free(glse);
 }
 
 static void test_ops(void)

@@ -156,7 +156,9 @@ static void golden(const char *model, const char *refname, int with_extras)
                 for (int t = 0; t < n && agree; t++) {
                     int32_t gi[STRATA_SAMPLER_TOPK_MAX], wi[STRATA_SAMPLER_TOPK_MAX];
                     float gv[STRATA_SAMPLER_TOPK_MAX], wv[STRATA_SAMPLER_TOPK_MAX];
-                    if (strata_engine_eval_topk(e, ids + t, 1, k, gi, gv, &err)) {
+                    double lse = 0;
+                    if (strata_engine_eval_topk(e, ids + t, 1, k, gi, gv, t % 2 ? &lse : NULL,
+                                                &err)) {
                         agree = 0;
                         break;
                     }
@@ -164,18 +166,25 @@ static void golden(const char *model, const char *refname, int with_extras)
                     agree &= memcmp(gi, wi, sizeof *gi * (size_t)k) == 0 &&
                              memcmp(gv, wv, sizeof *gv * (size_t)k) == 0 &&
                              gv[0] == l[(size_t)t * nv + gi[0]];
+                    /* the log-sum-exp gives the sampler's logprob of each */
+                    for (int j = 0; j < k && t % 2; j++)
+                        agree &= (float)((double)gv[j] - lse) ==
+                                 strata_sampler_logprob(l + (size_t)t * nv, nv, gi[j]);
                 }
                 ok(agree && strata_engine_n_past(e) == n,
-                   "%s: strata_engine_eval_topk gives the %d largest logits at each of %d "
-                   "positions, %d in the kv cache (%s)", model, k, n, strata_engine_n_past(e),
+                   "%s: strata_engine_eval_topk gives the %d largest logits (and the "
+                   "log-sum-exp of the row: the sampler's logprobs) at each of %d positions, "
+                   "%d in the kv cache (%s)", model, k, n, strata_engine_n_past(e),
                    err.msg);
                 int32_t di[2];
                 float dv[2];
                 int32_t np = strata_engine_n_past(e);
-                ok(strata_engine_eval_topk(e, ids, 1, 0, di, dv, &err) == STRATA_E_INVALID &&
-                   strata_engine_eval_topk(e, ids, 1, STRATA_SAMPLER_TOPK_MAX + 1, di, dv,
+                ok(strata_engine_eval_topk(e, ids, 1, 0, di, dv, NULL, &err) ==
+                       STRATA_E_INVALID &&
+                   strata_engine_eval_topk(e, ids, 1, STRATA_SAMPLER_TOPK_MAX + 1, di, dv, NULL,
                                            &err) == STRATA_E_INVALID &&
-                   strata_engine_eval_topk(e, ids, 1, 2, NULL, dv, &err) == STRATA_E_INVALID &&
+                   strata_engine_eval_topk(e, ids, 1, 2, NULL, dv, NULL, &err) ==
+                       STRATA_E_INVALID &&
                    strata_engine_eval(e, ids, 1, STRATA_LOGITS_TOPK, l1, &err) ==
                        STRATA_E_INVALID &&
                    strata_engine_n_past(e) == np,

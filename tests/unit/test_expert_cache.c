@@ -411,7 +411,7 @@ static void test_adapt_and_prefetch(void)
     }
     ok(strstr(txt, "100.00") != NULL, "stats print shows layer 1's 100%% hit rate");
     /* the same in JSON, with the backend's time split */
-    struct strata_ec_times t = {2.0, 1.25, 0.5, 0.5, 300, 3, 0, 7, 4096};
+    struct strata_ec_times t = {2.0, 1.25, 0.5, 0.5, 300, 3, 0, 7, 4096, 9, 5, 6};
     cJSON *j = (cJSON *)strata_ec_stats_json(ec, &t);
     const cJSON *ls = cJSON_GetObjectItem(j, "layers");
     const cJSON *l1 = NULL;
@@ -426,7 +426,10 @@ static void test_adapt_and_prefetch(void)
            cJSON_GetNumberValue(cJSON_GetObjectItem(ts, "host")) == 0.25 &&
            cJSON_GetNumberValue(cJSON_GetObjectItem(j, "copies")) == 3 &&
            cJSON_GetNumberValue(cJSON_GetObjectItem(j, "graph_steps")) == 7 &&
-           cJSON_GetNumberValue(cJSON_GetObjectItem(j, "bytes_in_place")) == 4096,
+           cJSON_GetNumberValue(cJSON_GetObjectItem(j, "bytes_in_place")) == 4096 &&
+           cJSON_GetNumberValue(cJSON_GetObjectItem(j, "graph_prefetched")) == 9 &&
+           cJSON_GetNumberValue(cJSON_GetObjectItem(j, "graph_prefetch_used")) == 5 &&
+           cJSON_GetNumberValue(cJSON_GetObjectItem(j, "graph_prefetch_asked")) == 6,
        "stats as JSON: layer 1 hit rate 1, %.0f PCIe bytes per token, prefetches all used, "
        "host time 2 - 1.25 - 0.5 s", 200.0 / (double)(s1->tokens ? s1->tokens : 1));
     cJSON_Delete(j);
