@@ -220,11 +220,12 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
     /* Steps that need only the largest logits of the row: sampling with top-k and no
      * penalties (samp_k of them), and the logprob and top logprobs of a greedy or such
      * a sampled step (with the row's log-sum-exp).  Those are found where the logits
-     * are (strata_engine_eval_topk) and give the same tokens as the whole row. */
+     * are (strata_engine_eval_topk) and give the same tokens as the whole row; with
+     * speculation, in its windows without drafts. */
     const int32_t samp_k = strata_sampler_topk_k(smp);
     const int want_lp = p->logprobs || p->n_top_logprobs > 0;
     int32_t by_topk = 0;
-    if (!p->spec && !by_argmax && p->n_top_logprobs <= STRATA_SAMPLER_TOPK_MAX &&
+    if (!by_argmax && p->n_top_logprobs <= STRATA_SAMPLER_TOPK_MAX &&
         (samp_k > 0 || strata_sampler_is_argmax(smp))) {
         by_topk = samp_k > 0 ? samp_k : 1;
         if (p->n_top_logprobs > by_topk)
@@ -236,6 +237,8 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
     float tk_vals[STRATA_SAMPLER_TOPK_MAX];
     double tk_lse = 0;
     int have_tk = 0; /* the last step's top-k (and log-sum-exp) are in tk_* */
+    if (p->spec) /* its windows without drafts the same way */
+        strata_spec_set_topk(p->spec, by_topk, want_lp);
     for (;;) {
         if (p->n_predict >= 0 && res->n_gen >= p->n_predict) {
             res->stop_reason = STRATA_STOP_LENGTH;
@@ -331,7 +334,14 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
                                                           want_lp ? &tk_lse : NULL, err)
                               : strata_engine_eval(e, &id, 1, STRATA_LOGITS_LAST, logits, err)))
             goto out;
-        have_tk = by_topk > 0;
+        have_tk = by_topk > 0 && (!p->spec || !cur);
+        if (have_tk && p->spec) {
+            const int32_t *si;
+            const float *sv;
+            strata_spec_topk(p->spec, &si, &sv, &tk_lse);
+            memcpy(tk_ids, si, sizeof *tk_ids * (size_t)by_topk);
+            memcpy(tk_vals, sv, sizeof *tk_vals * (size_t)by_topk);
+        }
         n_evals++;
     }
     /* drop drafted positions that were never decided */

@@ -1,6 +1,7 @@
 /* spec.c - the speculative verify loop (see spec.h), its back-off and
  * statistics, and the general rejection-sampling step. */
 #include "spec.h"
+#include "sampler.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +27,12 @@ struct strata_spec {
     int32_t base;  /* position of win[0] */
     int active;
     int trace;     /* STRATA_SPEC_TRACE=1: one line per window on stderr */
+    /* strata_spec_set_topk: windows without drafts bring back only these */
+    int32_t top_k;
+    int top_lse;
+    int32_t tk_ids[STRATA_SAMPLER_TOPK_MAX];
+    float tk_vals[STRATA_SAMPLER_TOPK_MAX];
+    double tk_lse;
     struct strata_spec_stats st;
 };
 
@@ -556,8 +563,12 @@ int strata_spec_next(struct strata_spec *s, int32_t id, const float **logits,
             k = k < 0 ? 0 : k_max;
     }
     double t0 = now_ms();
-    rc = strata_engine_eval(s->e, s->win, k + 1, k ? STRATA_LOGITS_ALL : STRATA_LOGITS_LAST,
-                            s->rows, err);
+    const int by_topk = k == 0 && s->top_k > 0;
+    s->tk_lse = 0;
+    rc = by_topk ? strata_engine_eval_topk(s->e, s->win, 1, s->top_k, s->tk_ids, s->tk_vals,
+                                           s->top_lse ? &s->tk_lse : NULL, err)
+                 : strata_engine_eval(s->e, s->win, k + 1,
+                                      k ? STRATA_LOGITS_ALL : STRATA_LOGITS_LAST, s->rows, err);
     double t_verify = now_ms() - t0;
     s->st.t_verify_ms += t_verify;
     if (rc)
@@ -570,8 +581,23 @@ int strata_spec_next(struct strata_spec *s, int32_t id, const float **logits,
     s->st.n_steps++;
     s->st.n_tokens++;
     s->st.n_drafted += (uint64_t)k;
-    *logits = s->rows;
+    *logits = by_topk ? NULL : s->rows;
     return 0;
+}
+
+void strata_spec_set_topk(struct strata_spec *s, int32_t top_k, int lse)
+{
+    s->top_k = top_k >= 1 && top_k <= STRATA_SAMPLER_TOPK_MAX && top_k <= s->n_vocab ? top_k
+                                                                                     : 0;
+    s->top_lse = lse;
+}
+
+void strata_spec_topk(const struct strata_spec *s, const int32_t **ids, const float **vals,
+                      double *lse)
+{
+    *ids = s->tk_ids;
+    *vals = s->tk_vals;
+    *lse = s->tk_lse;
 }
 
 int strata_spec_end(struct strata_spec *s, struct strata_err *err)

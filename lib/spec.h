@@ -226,6 +226,17 @@ void strata_spec_begin(struct strata_spec *s);
 int strata_spec_next(struct strata_spec *s, int32_t id, const float **logits,
                      struct strata_err *err);
 
+/* Steps whose choice needs only the top_k largest logits (1..STRATA_SAMPLER_TOPK_MAX;
+ * 0: whole rows, the default) and, with lse, the row's log-sum-exp: a window without
+ * drafts then asks the engine for those alone (strata_engine_eval_topk: on a GPU the
+ * row stays on the device) and strata_spec_next sets *logits to NULL; the caller reads
+ * them with strata_spec_topk.  Windows with drafts keep whole rows. */
+void strata_spec_set_topk(struct strata_spec *s, int32_t top_k, int lse);
+/* After a strata_spec_next that set *logits to NULL: the step's top_k ids and values
+ * (best first) and log-sum-exp (0 unless asked for), valid until the next call. */
+void strata_spec_topk(const struct strata_spec *s, const int32_t **ids, const float **vals,
+                      double *lse);
+
 /* Positions logically evaluated (the kv cache may also hold drafted
  * positions not yet decided). */
 int32_t strata_spec_n_past(const struct strata_spec *s);
