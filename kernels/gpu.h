@@ -103,6 +103,9 @@
 
 /* Full-wavefront shuffles: HIP's shuffles take no mask. */
 #define STRATA_SHFL_XOR(v, m) __shfl_xor((v), (m), warpSize)
+/* a barrier with ordering of shared-memory accesses, for the warp's own (the block's
+ * here: no wavefront-level barrier is assumed) */
+#define STRATA_SYNC_WARP() __syncthreads()
 #define STRATA_SHFL(v, l) __shfl((v), (l), warpSize)
 
 #else /* CUDA */
@@ -113,6 +116,8 @@
 #define STRATA_GPU_RUNTIME_NAME "cuda"
 #define STRATA_GPU_HOST_REGISTER_READ_ONLY cudaHostRegisterReadOnly
 #define STRATA_SHFL_XOR(v, m) __shfl_xor_sync(0xffffffffu, (v), (m), warpSize)
+/* the warp's barrier, with ordering of its shared-memory accesses */
+#define STRATA_SYNC_WARP() __syncwarp()
 #define STRATA_SHFL(v, l) __shfl_sync(0xffffffffu, (v), (l), warpSize)
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

@@ -1194,6 +1194,7 @@ void strata_engine_opts_init(struct strata_engine_opts *o)
     o->kv_type = STRATA_KV_F16;
     o->backend = "cpu";
     o->device = -1;
+    o->topk_min_vocab = 32768;
 }
 
 /* Point the routed-expert weights at the pack's copy of them: a (data,
@@ -1235,6 +1236,11 @@ int strata_engine_open_gguf(struct strata_engine **out, const struct strata_gguf
         e->o = *o;
     else
         strata_engine_opts_init(&e->o);
+    /* STRATA_TOPK_MIN_VOCAB=N: topk_min_vocab for measurements (0: the device's top-k
+     * whatever the vocabulary) */
+    const char *tmv = getenv("STRATA_TOPK_MIN_VOCAB");
+    if (tmv && *tmv)
+        e->o.topk_min_vocab = atoi(tmv);
     e->g = g;
     if (e->o.n_threads < 0 || e->o.n_threads > 512) {
         rc = strata_err_set(err, STRATA_E_INVALID, "threads %d out of range (1..512)",
@@ -1449,7 +1455,7 @@ int strata_engine_eval_topk(struct strata_engine *e, const int32_t *ids, int32_t
         return strata_err_set(err, STRATA_E_INVALID, "top_k %d outside 1..%d", top_k,
                               n_vocab < STRATA_SAMPLER_TOPK_MAX ? n_vocab
                                                                 : STRATA_SAMPLER_TOPK_MAX);
-    if (e->ops->topk_max >= top_k) {
+    if (e->ops->topk_max >= top_k && n_vocab >= e->o.topk_min_vocab) {
         /* ids, values, then the log-sum-exp (a double at byte 8 top_k: aligned) */
         double buf[STRATA_SAMPLER_TOPK_MAX + 1];
         int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_TOPK, top_k, lse != NULL,

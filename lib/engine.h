@@ -57,6 +57,12 @@ struct strata_engine_opts {
      * at the same time - a speculative draft model and its target take turns, and one
      * pool keeps the idle one's spinning workers off the busy one's cores. */
     struct strata_pool *pool;
+    /* strata_engine_eval_topk asks the backend for the top-k (its device, where the
+     * logits are) from this vocabulary size on; below it the row comes back and the
+     * host selects them (4,096 logits: 16 KB and a few microseconds, less than the
+     * device's two sorts took on an H200).  Default 32768; 0 always.  The environment's
+     * STRATA_TOPK_MIN_VOCAB overrides it (measurements). */
+    int32_t topk_min_vocab;
 };
 
 /* Fill o with the defaults above. */

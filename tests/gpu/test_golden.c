@@ -42,6 +42,7 @@ static int open_engine(struct strata_engine **e, const struct strata_gguf *g, co
 {
     struct strata_engine_opts o;
     strata_engine_opts_init(&o);
+    o.topk_min_vocab = 0; /* the device's top-k, whatever the vocabulary */
     o.backend = be;
     o.n_ctx = n_ctx;
     o.n_threads = 4;
