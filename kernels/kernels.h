@@ -423,9 +423,9 @@ size_t strata_k_topk_scratch(int n, int n_rows, int k);
  * [n_rows, k] (either may be NULL); a place without a number left gets id -1 and
  * -inf.  scratch: strata_k_topk_scratch(n, n_rows, k) bytes of device memory.  Each
  * part of a row (up to 4,096 logits) is sorted in shared memory by one block, then the
- * parts' best by one block per row: two launches.  The engine's sampler applies top_p,
- * min_p and temperature on these on the host.  Errors: STRATA_E_INVALID (shapes,
- * missing scratch), STRATA_E_GPU. */
+ * parts' best by one block per row: two launches (one for a row of one part).  The
+ * engine's sampler applies top_p, min_p and temperature on these on the host.  Errors:
+ * STRATA_E_INVALID (shapes, missing scratch), STRATA_E_GPU. */
 int strata_k_topk(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows, int k,
                   void *scratch, int32_t *ids, float *vals, struct strata_err *err);
 

@@ -68,15 +68,17 @@ static __device__ __forceinline__ uint64_t topk_key(float v, int i)
     return ((uint64_t)o << 32) | (uint32_t)~(uint32_t)i;
 }
 
-/* s [TOPK_SORT] in descending order (bitonic network; the block's threads share it).
- * Thread t compares pairs t, t + blockDim.x, ...: at a stride of at most the warp
- * size a warp's pairs lie in 2 x warpSize keys of its own, so such a stage after
- * another needs only the warp's own barrier (50 of the 78 stages for 4,096 keys on a
- * 32-wide warp); the block's is taken around a stage that crosses warps and after the
- * load. */
-static __device__ void topk_sort_desc(uint64_t *s)
+/* s [m] in descending order (bitonic network; m a power of two, 2..TOPK_SORT; the
+ * block's threads share it).  A stage moves every key through shared memory (8 bytes
+ * read and written), so its time is about m x 16 bytes over one multiprocessor's
+ * shared-memory bandwidth: sort no more keys than there are.  Thread t compares pairs
+ * t, t + blockDim.x, ...: at a stride of at most the warp size a warp's pairs lie in
+ * 2 x warpSize keys of its own, so such a stage after another needs only the warp's
+ * own barrier (50 of the 78 stages for 4,096 keys on a 32-wide warp); the block's is
+ * taken around a stage that crosses warps and after the load. */
+static __device__ void topk_sort_desc(uint64_t *s, int m)
 {
-    for (int size = 2; size <= TOPK_SORT; size <<= 1)
+    for (int size = 2; size <= m; size <<= 1)
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
             /* the stage before: (size / 2, 1), or the load (0) before the first */
             const int prev = stride == size >> 1 ? (size == 2 ? 0 : 1) : 2 * stride;
@@ -84,7 +86,7 @@ static __device__ void topk_sort_desc(uint64_t *s)
                 __syncthreads();
             else
                 STRATA_SYNC_WARP();
-            for (int t = threadIdx.x; t < TOPK_SORT / 2; t += blockDim.x) {
+            for (int t = threadIdx.x; t < m / 2; t += blockDim.x) {
                 const int lo = 2 * t - (t & (stride - 1)), hi = lo + stride;
                 const uint64_t a = s[lo], b = s[hi];
                 if ((a < b) == ((lo & size) == 0)) {
@@ -96,26 +98,56 @@ static __device__ void topk_sort_desc(uint64_t *s)
     __syncthreads();
 }
 
+/* the smallest power of two >= x, at least 2 */
+static __device__ __forceinline__ int topk_pow2(int x)
+{
+    int m = 2;
+    while (m < x)
+        m <<= 1;
+    return m;
+}
+
+/* the sorted keys s [k] as ids and values at [row * k ..]: a key 0 (no number left)
+ * gives id -1 and -inf */
+static __device__ void topk_write(const uint64_t *s, int k, int row, int32_t *ids, float *vals)
+{
+    for (int j = threadIdx.x; j < k; j += blockDim.x) {
+        const uint64_t key = s[j];
+        const uint32_t o = (uint32_t)(key >> 32);
+        const uint32_t b = (o & 0x80000000u) ? (o & 0x7fffffffu) : ~o;
+        if (ids)
+            ids[(int64_t)row * k + j] = key ? (int32_t)~(uint32_t)key : -1;
+        if (vals)
+            vals[(int64_t)row * k + j] = key ? __uint_as_float(b) : -INFINITY;
+    }
+}
+
 /* Block (b, row): the k best keys of its part of the row (span logits) into
- * part [(row * P + b) * k ..], k <= TOPK_SORT / 2.  A part longer than TOPK_SORT is
- * taken in pieces: the k best so far stay at the front while the rest refills. */
+ * part [(row * P + b) * k ..], k <= TOPK_SORT / 2 - or, the row's only part, straight
+ * into ids and vals.  A part longer than TOPK_SORT is taken in pieces: the k best so
+ * far stay at the front while the rest refills. */
 __global__ void topk_part_kernel(const float *__restrict__ logits, int n, int span, int k,
-                                 uint64_t *__restrict__ part)
+                                 uint64_t *__restrict__ part, int32_t *ids, float *vals)
 {
     __shared__ uint64_t s[TOPK_SORT];
     const float *lr = logits + (int64_t)blockIdx.y * n;
     const int begin = blockIdx.x * span, end = min(n, begin + span);
+    const int m = span > TOPK_SORT ? TOPK_SORT : topk_pow2(max(span, k));
     int have = 0;
     for (int pos = begin;;) {
-        for (int j = have + threadIdx.x; j < TOPK_SORT; j += blockDim.x) {
+        for (int j = have + threadIdx.x; j < m; j += blockDim.x) {
             const int e = pos + j - have;
             s[j] = e < end ? topk_key(lr[e], e) : 0;
         }
-        pos += TOPK_SORT - have;
-        topk_sort_desc(s);
+        pos += m - have;
+        topk_sort_desc(s, m);
         have = k;
         if (pos >= end)
             break;
+    }
+    if (gridDim.x == 1) {
+        topk_write(s, k, blockIdx.y, ids, vals);
+        return;
     }
     uint64_t *out = part + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * k;
     for (int j = threadIdx.x; j < k; j += blockDim.x)
@@ -123,24 +155,17 @@ __global__ void topk_part_kernel(const float *__restrict__ logits, int n, int sp
 }
 
 /* Block row: the k best of the row's n_part * k part keys (<= TOPK_SORT) into ids and
- * vals [row * k ..]; a key 0 (no number left) gives id -1 and -inf. */
+ * vals [row * k ..]. */
 __global__ void topk_final_kernel(const uint64_t *__restrict__ part, int n_part, int k,
                                   int32_t *__restrict__ ids, float *__restrict__ vals)
 {
     __shared__ uint64_t s[TOPK_SORT];
     const uint64_t *pr = part + (int64_t)blockIdx.x * n_part * k;
-    for (int j = threadIdx.x; j < TOPK_SORT; j += blockDim.x)
+    const int m = topk_pow2(n_part * k);
+    for (int j = threadIdx.x; j < m; j += blockDim.x)
         s[j] = j < n_part * k ? pr[j] : 0;
-    topk_sort_desc(s);
-    for (int j = threadIdx.x; j < k; j += blockDim.x) {
-        const uint64_t key = s[j];
-        const uint32_t o = (uint32_t)(key >> 32);
-        const uint32_t b = (o & 0x80000000u) ? (o & 0x7fffffffu) : ~o;
-        if (ids)
-            ids[(int64_t)blockIdx.x * k + j] = key ? (int32_t)~(uint32_t)key : -1;
-        if (vals)
-            vals[(int64_t)blockIdx.x * k + j] = key ? __uint_as_float(b) : -INFINITY;
-    }
+    topk_sort_desc(s, m);
+    topk_write(s, k, blockIdx.x, ids, vals);
 }
 
 /* Block row: log sum_i exp(l_i) of the row, as strata_sampler_log_sum_exp computes it
@@ -220,11 +245,12 @@ int strata_k_topk(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_
                             scratch ? "given" : "missing");
     const int parts = topk_parts(n, k), span = (n + parts - 1) / parts;
     dim3 grid((unsigned)parts, (unsigned)n_rows), block(TOPK_THREADS);
-    topk_part_kernel<<<grid, block, 0, ctx->stream>>>(logits, n, span, k, (uint64_t *)scratch);
+    topk_part_kernel<<<grid, block, 0, ctx->stream>>>(logits, n, span, k, (uint64_t *)scratch,
+                                                       ids, vals);
     int rc = strata_k_check(ctx, "topk_part_kernel", grid, block, err, "n=%d n_rows=%d k=%d", n,
                             n_rows, k);
-    if (rc)
-        return rc;
+    if (rc || parts == 1)
+        return rc; /* one part: its block wrote the row's k best */
     dim3 g2((unsigned)n_rows);
     topk_final_kernel<<<g2, block, 0, ctx->stream>>>((const uint64_t *)scratch, parts, k, ids,
                                                       vals);
