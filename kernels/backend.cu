@@ -1579,6 +1579,11 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
     if (n <= 0 || n > s->n_ub || b->pos0 < 0 || b->pos0 + n > s->n_ctx)
         return strata_k_err(err, STRATA_E_INVALID, "gpu forward: bad batch n_tok=%d pos0=%d "
                             "(ubatch %d, ctx %d)", n, b->pos0, s->n_ub, s->n_ctx);
+    if (b->logits == STRATA_LOGITS_TOPK &&
+        (b->top_k < 1 || b->top_k > STRATA_K_TOPK_MAX || b->top_k > s->n_vocab ||
+         strata_k_topk_scratch(s->n_vocab, 1, b->top_k) > TOPK_BYTES - TOPK_SCRATCH))
+        return strata_k_err(err, STRATA_E_INVALID, "gpu forward: top_k %d outside 1..%d",
+                            b->top_k, STRATA_K_TOPK_MAX);
     cudaStream_t st = s->ctx.stream;
     int32_t p0 = b->pos0;
     /* the host copies of pos0 and the ids must stay alive until the copies ran: they
@@ -1646,11 +1651,8 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
     const int amax = b->logits == STRATA_LOGITS_ARGMAX, topk = b->logits == STRATA_LOGITS_TOPK;
     const int k = topk ? b->top_k : 0;
     if (topk) {
-        /* top-k sampling: the k largest found on the device, 8 k bytes back */
-        if (k < 1 || k > STRATA_K_TOPK_MAX || k > s->n_vocab ||
-            strata_k_topk_scratch(s->n_vocab, 1, k) > TOPK_BYTES - TOPK_SCRATCH)
-            return strata_k_err(err, STRATA_E_INVALID, "top_k %d outside 1..%d", k,
-                                STRATA_K_TOPK_MAX);
+        /* top-k sampling: the k largest found on the device, 8 k bytes back (k checked
+         * above, before anything was queued) */
         if ((rc = strata_k_topk(&s->ctx, s->logits, s->n_vocab, 1, k,
                                 (char *)s->d_topk + TOPK_SCRATCH, s->d_topk,
                                 (float *)s->d_topk + k, err)) ||

@@ -57,6 +57,34 @@ __global__ void ec_scatter_kernel(const float *__restrict__ x, const int32_t *__
 #define RESOLVE_SEGS 96 /* 3 parts of up to 32 routed experts */
 #define RESOLVE_UNROLL 8
 
+/* Copy total 16-byte units with every thread of the grid, RESOLVE_UNROLL loads in
+ * flight per thread (the units' loads are issued before their stores); at(i, &src,
+ * &dst) gives unit i's addresses. */
+template <typename At>
+static __device__ __forceinline__ void copy_units(size_t total, At at)
+{
+    const size_t gs = (size_t)gridDim.x * blockDim.x;
+    for (size_t base = (size_t)blockIdx.x * blockDim.x + threadIdx.x; base < total;
+         base += RESOLVE_UNROLL * gs) {
+        uint4 v[RESOLVE_UNROLL];
+        uint4 *d[RESOLVE_UNROLL];
+#pragma unroll
+        for (int j = 0; j < RESOLVE_UNROLL; j++) {
+            const size_t i = base + j * gs;
+            d[j] = NULL;
+            if (i < total) {
+                const uint4 *src;
+                at(i, &src, &d[j]);
+                v[j] = *src;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < RESOLVE_UNROLL; j++)
+            if (d[j])
+                *d[j] = v[j];
+    }
+}
+
 /* A graph decode step's routed experts of one layer, before its expert kernels:
  * sptr[3 s + p] = part p (gate, up, down) of the expert of slot s (ids[s], s < k): the
  * table's pointer when it lies in VRAM ([lo, hi)), else staging record s, into which
@@ -113,29 +141,14 @@ __global__ void ec_resolve_kernel(const uint8_t *const *__restrict__ tab,
     const int ns = n_seg;
     if (!ns)
         return;
-    const size_t total = seg_end[ns - 1], gs = (size_t)gridDim.x * blockDim.x;
-    for (size_t base = (size_t)blockIdx.x * blockDim.x + t; base < total;
-         base += RESOLVE_UNROLL * gs) {
-        uint4 v[RESOLVE_UNROLL];
-        uint4 *d[RESOLVE_UNROLL];
-#pragma unroll
-        for (int j = 0; j < RESOLVE_UNROLL; j++) {
-            const size_t i = base + j * gs;
-            d[j] = NULL;
-            if (i < total) {
-                int g = 0;
-                while (seg_end[g] <= i)
-                    g++;
-                const size_t o = i - (g ? seg_end[g - 1] : 0);
-                v[j] = seg_src[g][o];
-                d[j] = seg_dst[g] + o;
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < RESOLVE_UNROLL; j++)
-            if (d[j])
-                *d[j] = v[j];
-    }
+    copy_units(seg_end[ns - 1], [&](size_t i, const uint4 **src, uint4 **dst) {
+        int g = 0;
+        while (seg_end[g] <= i)
+            g++;
+        const size_t o = i - (g ? seg_end[g - 1] : 0);
+        *src = seg_src[g] + o;
+        *dst = seg_dst[g] + o;
+    });
 }
 
 /* A graph step's prefetch of the next MoE layer's experts (side stream): of the k
@@ -168,29 +181,14 @@ __global__ void ec_prefetch_kernel(const uint8_t *const *__restrict__ tab,
     __syncthreads();
     const int ns = n_sel;
     const size_t l0 = len0 / 16, l1 = len1 / 16, l2 = len2 / 16, per = l0 + l1 + l2;
-    const size_t total = per * (size_t)ns, gs = (size_t)gridDim.x * blockDim.x;
-    for (size_t base = (size_t)blockIdx.x * blockDim.x + t; base < total;
-         base += RESOLVE_UNROLL * gs) {
-        uint4 v[RESOLVE_UNROLL];
-        uint4 *d[RESOLVE_UNROLL];
-#pragma unroll
-        for (int j = 0; j < RESOLVE_UNROLL; j++) {
-            const size_t i = base + j * gs;
-            d[j] = NULL;
-            if (i < total) {
-                const size_t m = i / per, r = i % per;
-                const int p = r < l0 ? 0 : r < l0 + l1 ? 1 : 2;
-                const size_t o = r - (p == 0 ? 0 : p == 1 ? l0 : l0 + l1);
-                const size_t off = p == 0 ? 0 : p == 1 ? off_up : off_down;
-                v[j] = ((const uint4 *)tab[3 * (size_t)sel[m] + p])[o];
-                d[j] = (uint4 *)(pf_rec + m * rec + off) + o;
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < RESOLVE_UNROLL; j++)
-            if (d[j])
-                *d[j] = v[j];
-    }
+    copy_units(per * (size_t)ns, [&](size_t i, const uint4 **src, uint4 **dst) {
+        const size_t m = i / per, r = i % per;
+        const int p = r < l0 ? 0 : r < l0 + l1 ? 1 : 2;
+        const size_t o = r - (p == 0 ? 0 : p == 1 ? l0 : l0 + l1);
+        const size_t off = p == 0 ? 0 : p == 1 ? off_up : off_down;
+        *src = (const uint4 *)tab[3 * (size_t)sel[m] + p] + o;
+        *dst = (uint4 *)(pf_rec + m * rec + off) + o;
+    });
     __syncthreads();
     if (t == 0) {
         __threadfence();

@@ -1473,6 +1473,9 @@ int strata_engine_eval_topk(struct strata_engine *e, const int32_t *ids, int32_t
     int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, 0, 0, e->argmax_row, err);
     if (!rc) {
         strata_sampler_topk(e->argmax_row, n_vocab, top_k, top_ids, top_vals);
+        if (top_ids[0] < 0)
+            return strata_err_set(err, STRATA_E_INTERNAL, "step at position %d: no logit is "
+                                  "a number (every one NaN)", e->n_past - 1);
         if (lse)
             *lse = strata_sampler_log_sum_exp(e->argmax_row, n_vocab);
     }

@@ -154,20 +154,22 @@ int32_t strata_sampler_argmax(const float *logits, int32_t n_vocab)
 {
     int32_t best = 0;
     for (int32_t i = 1; i < n_vocab; i++)
-        if (logits[i] > logits[best])
+        if (logits[i] > logits[best] || logits[best] != logits[best]) /* NaN never wins */
             best = i;
     return best;
 }
 
 static double log_sum_exp(const float *logits, int32_t n, float *mx_out)
 {
-    float mx = logits[0];
-    for (int32_t i = 1; i < n; i++)
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < n; i++)
         if (logits[i] > mx)
             mx = logits[i];
-    double sum = 0; /* float exponentials (each exact to 1 ulp), summed in double */
+    double sum = 0; /* float exponentials (each exact to 1 ulp), summed in double; NaN
+                       logits are left out, as the device's strata_k_logsumexp does */
     for (int32_t i = 0; i < n; i++)
-        sum += expf(logits[i] - mx);
+        if (logits[i] == logits[i])
+            sum += expf(logits[i] - mx);
     *mx_out = mx;
     return log(sum);
 }
@@ -310,9 +312,10 @@ void strata_sampler_topk(const float *logits, int32_t n, int32_t k, int32_t *ids
     if (k < 1)
         return;
     topk_cands(logits, n, k, c);
-    for (int32_t i = 0; i < k; i++) {
-        ids[i] = c[i].id;
-        vals[i] = c[i].logit;
+    for (int32_t i = 0; i < k; i++) { /* a NaN place: none, as the device's top-k says */
+        const int nan = c[i].logit != c[i].logit;
+        ids[i] = nan ? -1 : c[i].id;
+        vals[i] = nan ? -INFINITY : c[i].logit;
     }
 }
 
@@ -386,8 +389,11 @@ static int32_t draw_all(struct strata_sampler *s, const float *l)
         if (l[i] > mx || mx != mx)
             mx = l[i];
     double sum = 0;
-    for (int32_t i = 0; i < nv; i++)
-        sum += (double)(s->prob[i] = expf(l[i] - mx)); /* NaN stays NaN: never kept */
+    for (int32_t i = 0; i < nv; i++) {
+        const float q = s->prob[i] = expf(l[i] - mx); /* NaN stays NaN: never kept */
+        if (q == q)
+            sum += q;
+    }
     size_t n = (size_t)nv;
     int sorted = 0;
     if (p->top_p < 1.0f || p->min_p > 0) {
@@ -465,8 +471,11 @@ int32_t strata_sampler_sample(struct strata_sampler *s, const float *logits, flo
     if (p->temperature <= 0) {
         id = strata_sampler_argmax(l, nv);
     } else if (p->top_k > 0 && p->top_k < nv) {
+        size_t n = (size_t)p->top_k;
         topk_cands(l, nv, p->top_k, s->cand);
-        id = draw_sorted(s, s->cand, (size_t)p->top_k);
+        while (n > 1 && s->cand[n - 1].logit != s->cand[n - 1].logit)
+            n--; /* NaN ranks last: not a candidate */
+        id = draw_sorted(s, s->cand, n);
     } else {
         id = draw_all(s, l);
     }
@@ -492,6 +501,8 @@ int32_t strata_sampler_sample_topk(struct strata_sampler *s, const int32_t *ids,
     struct cand c[STRATA_SAMPLER_TOPK_MAX];
     if (k > STRATA_SAMPLER_TOPK_MAX)
         k = STRATA_SAMPLER_TOPK_MAX;
+    while (k > 1 && ids[k - 1] < 0)
+        k--; /* places with no number (strata_sampler_topk's -1) */
     if (k < 1)
         return -1;
     for (int32_t i = 0; i < k; i++) {

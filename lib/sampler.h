@@ -97,14 +97,16 @@ int32_t strata_sampler_sample_topk(struct strata_sampler *s, const int32_t *ids,
                                    const float *vals, int32_t k);
 /* The k largest of logits [n] (k clamped to 1..min(n, STRATA_SAMPLER_TOPK_MAX)) into
  * ids [k] and vals [k], best first: larger logit first, the lower id among equal ones
- * (-0 equals +0), NaN after every number. */
+ * (-0 equals +0); NaN never: a place with no number left gets id -1 and -inf (as the
+ * device's strata_k_topk). */
 void strata_sampler_topk(const float *logits, int32_t n, int32_t k, int32_t *ids, float *vals);
-/* Index of the largest logit (the first on ties). */
+/* Index of the largest logit (the first on ties; NaN never wins unless every logit is
+ * NaN: then 0). */
 int32_t strata_sampler_argmax(const float *logits, int32_t n_vocab);
 
 /* log sum_i exp(logits[i]) over n_vocab logits: the largest plus the log of the sum
  * of float exponentials relative to it, summed in double (logprob of a token = its
- * logit minus this). */
+ * logit minus this); NaN logits are left out. */
 double strata_sampler_log_sum_exp(const float *logits, int32_t n_vocab);
 /* log softmax of logits[id] over n_vocab logits, computed in double. */
 float strata_sampler_logprob(const float *logits, int32_t n_vocab, int32_t id);

@@ -107,15 +107,18 @@ static void test_topk(void)
             strata_sampler_topk(l, N, k, got, vals);
             topk_ref(l, N, k, want);
             for (int j = 0; j < k && good; j++) {
-                good = got[j] == want[j] && (memcmp(&vals[j], &l[want[j]], 4) == 0 ||
-                                              (isnan(vals[j]) && isnan(l[want[j]])));
+                if (isnan(l[want[j]])) /* no number left: none */
+                    good = got[j] == -1 && vals[j] == -INFINITY;
+                else
+                    good = got[j] == want[j] && memcmp(&vals[j], &l[want[j]], 4) == 0;
                 if (!good)
                     diag("round %d k %d: place %d has %d, the definition %d", round, k, j,
                          got[j], want[j]);
             }
         }
     }
-    ok(good, "strata_sampler_topk: the k best, ties to the lower id, -0 equal to +0, NaN last");
+    ok(good, "strata_sampler_topk: the k best, ties to the lower id, -0 equal to +0, NaN "
+       "never (id -1, -inf)");
     int32_t few[4] = { -5, -5, -5, -5 };
     float v4[4];
     const float l3[3] = { 1, 3, 2 };
@@ -251,7 +254,42 @@ static void test_no_topk(void)
         ok(inside && distinct > (c == 2 ? 300 : 5),
            "top_k 0, top_p %g, min_p %g: every draw inside the kept set (%d distinct)",
            p.top_p, p.min_p, distinct);
+        if (c == 0) {
+            /* a NaN logit is no candidate and leaves the cut where it was */
+            const float keep = l[V - 1];
+            l[V - 1] = NAN;
+            if (!(keep >= thr)) {
+                inside = 1;
+                for (int r = 0; r < 400; r++) {
+                    int32_t t = strata_sampler_sample(s, l, NULL, NULL, 0);
+                    inside &= t >= 0 && t < V - 1 && l[t] >= thr;
+                }
+                ok(inside, "top_k 0, top_p %g with a NaN logit: every draw inside the same set",
+                   p.top_p);
+            }
+            l[V - 1] = keep;
+        }
         strata_sampler_free(s);
+    }
+    /* NaN never wins the argmax, nor a top-k draw */
+    {
+        float v[5] = { NAN, 1, 3, NAN, 2 };
+        ok(strata_sampler_argmax(v, 5) == 2, "argmax skips NaN (got %d)",
+           strata_sampler_argmax(v, 5));
+        strata_sampler_params_init(&p);
+        p.top_k = 4;
+        p.temperature = 1;
+        p.top_p = 1;
+        p.min_p = 0;
+        if (strata_sampler_create(&s, &p, 5, &err) == 0) {
+            int fine = 1;
+            for (int r = 0; r < 200; r++) {
+                int32_t t = strata_sampler_sample(s, v, NULL, NULL, 0);
+                fine &= t == 1 || t == 2 || t == 4;
+            }
+            ok(fine, "top_k 4 of a row with two NaN draws only its three numbers");
+            strata_sampler_free(s);
+        }
     }
 }
 
