@@ -235,8 +235,10 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
     }
     int32_t tk_ids[STRATA_SAMPLER_TOPK_MAX];
     float tk_vals[STRATA_SAMPLER_TOPK_MAX];
+    const int32_t *tki = tk_ids; /* the last step's top-k: ours, or the spec's */
+    const float *tkv = tk_vals;
     double tk_lse = 0;
-    int have_tk = 0; /* the last step's top-k (and log-sum-exp) are in tk_* */
+    int have_tk = 0; /* the last step's top-k (and log-sum-exp) are in tki/tkv */
     if (p->spec) /* its windows without drafts the same way */
         strata_spec_set_topk(p->spec, by_topk, want_lp);
     for (;;) {
@@ -250,15 +252,14 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
         if (next >= 0) {
             id = next;
         } else if (have_tk) {
-            id = samp_k > 0 ? strata_sampler_sample_topk(smp, tk_ids, tk_vals, samp_k)
-                            : tk_ids[0];
+            id = samp_k > 0 ? strata_sampler_sample_topk(smp, tki, tkv, samp_k) : tki[0];
             for (int32_t j = 0; j < by_topk; j++) {
-                const float l = (float)((double)tk_vals[j] - tk_lse);
-                if (tk_ids[j] == id)
+                const float l = (float)((double)tkv[j] - tk_lse);
+                if (tki[j] == id)
                     lp = l;
                 if (j < n_top) {
-                    top[j].id = tk_ids[j];
-                    top[j].logprob = tk_ids[j] >= 0 ? l : -INFINITY;
+                    top[j].id = tki[j];
+                    top[j].logprob = tki[j] >= 0 ? l : -INFINITY;
                 }
             }
         } else {
@@ -335,13 +336,8 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
                               : strata_engine_eval(e, &id, 1, STRATA_LOGITS_LAST, logits, err)))
             goto out;
         have_tk = by_topk > 0 && (!p->spec || !cur);
-        if (have_tk && p->spec) {
-            const int32_t *si;
-            const float *sv;
-            strata_spec_topk(p->spec, &si, &sv, &tk_lse);
-            memcpy(tk_ids, si, sizeof *tk_ids * (size_t)by_topk);
-            memcpy(tk_vals, sv, sizeof *tk_vals * (size_t)by_topk);
-        }
+        if (have_tk && p->spec)
+            strata_spec_topk(p->spec, &tki, &tkv, &tk_lse);
         n_evals++;
     }
     /* drop drafted positions that were never decided */
