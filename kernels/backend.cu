@@ -86,6 +86,10 @@ struct gpu_state {
     /* fuse_route (default; STRATA_NO_FUSE_ROUTE=1 turns it off): router and top-k in one
      * launch for decode batches (moe_router_topk), whatever fuse says */
     int fuse_route;
+    /* norm_route (default; STRATA_NO_NORM_ROUTE=1 turns it off): with fuse_route, the
+     * ffn_norm (RMSNorm and 8-bit rows) computed by the router's blocks, not launched
+     * before it: one launch fewer per MoE layer, the same bits */
+    int norm_route;
     /* [2 * MATVEC_MAX] counters of the last-block epilogues: the RMSNorm fused into a
      * mat-vec, then the routing fused into the router */
     int *norm_cnt;
@@ -882,6 +886,7 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         s->fuse = env_on("STRATA_FUSE");
         s->blas_f32 = !env_on("STRATA_NO_BLAS_F32");
         s->fuse_route = s->fuse || !env_on("STRATA_NO_FUSE_ROUTE");
+        s->norm_route = !env_on("STRATA_NO_NORM_ROUTE");
         s->attn_q8 = !env_on("STRATA_NO_ATTQ");
         s->att_split_keys = env_on("STRATA_ATT_LONG_SPLITS") ? 0 : 32;
         s->pin_in = !env_on("STRATA_NO_PIN_IN");
@@ -1417,10 +1422,14 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                 goto fail;
         } else if (OP("attn_output", proj(s, &D->wo, s->att, s->n_q, n, s->x, E, s->x, err)))
             goto fail;
-        if (!normed && OP("ffn_norm", norm_rows(s, s->x, D->ffn_norm, n,
-                                                mvq_ok(s, D->is_moe ? &D->gate_exps : &D->gate,
-                                                       n),
-                                                err)))
+        const int route1 = D->is_moe && s->fuse_route && n <= MATVEC_MAX &&
+                           D->gate_inp.type == STRATA_TYPE_F32 && E % 4 == 0;
+        const int fq8 = mvq_ok(s, D->is_moe ? &D->gate_exps : &D->gate, n);
+        /* the ffn_norm inside the router's launch (moe_router_topk) */
+        struct strata_k_norm_q8 rnorm = {D->ffn_norm, s->eps, s->xn, fq8 ? s->xq : NULL};
+        const int norm_in_router = route1 && !normed && s->norm_route && E % 32 == 0;
+        if (!normed && !norm_in_router &&
+            OP("ffn_norm", norm_rows(s, s->x, D->ffn_norm, n, fq8, err)))
             goto fail;
         normed = 0;
         /* the next norm fused into the down projection: the next layer's attn_norm, or
@@ -1440,13 +1449,13 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
             const struct strata_hparams *hp = &s->m->hp;
             int k = s->n_used, rows = n * k;
             float wscale = hp->expert_weights_scale > 0 ? hp->expert_weights_scale : 1.0f;
-            if (s->fuse_route && n <= MATVEC_MAX && D->gate_inp.type == STRATA_TYPE_F32 &&
-                E % 4 == 0) {
-                if (OP("moe_router_topk",
-                       strata_k_moe_router_topk(&s->ctx, &D->gate_inp, s->xn, n, s->router,
+            if (route1) {
+                if (OP(norm_in_router ? "ffn_norm_router_topk" : "moe_router_topk",
+                       strata_k_moe_router_topk(&s->ctx, &D->gate_inp,
+                                                norm_in_router ? s->x : s->xn, n, s->router,
                                                 s->norm_cnt + MATVEC_MAX, k,
                                                 hp->expert_weights_norm, wscale, s->eids, s->ew,
-                                                err)))
+                                                norm_in_router ? &rnorm : NULL, err)))
                     goto fail;
             } else if (OP("moe_router", proj(s, &D->gate_inp, s->xn, E, n, s->router, s->n_expert, NULL, err)) ||
                 OP("moe_route_topk", strata_k_moe_route(&s->ctx, s->router, n, s->n_expert, k,

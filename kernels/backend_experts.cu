@@ -1110,7 +1110,7 @@ int strata_gpu_ec_graph_prefetch(struct strata_gpu_ec *gx, int il, const float *
     if (!rc)
         rc = strata_k_moe_router_topk(&side, &gx->gate_inp[nx], xn, 1, gx->d_pf_logits,
                                       gx->d_pf_cnt, gx->K, 0, 1.0f, gx->d_pf_ids, gx->d_pf_w,
-                                      err);
+                                      NULL, err);
     if (rc)
         return rc;
     dim3 grid(PF_BLOCKS), block(256);

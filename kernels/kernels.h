@@ -47,20 +47,21 @@ static inline cudaLaunchConfig_t strata_k_cfg(const struct strata_gpu_ctx *ctx, 
 }
 #endif
 
-/* Launch k on ctx->stream.  With ctx->pdl (CUDA, sm_90+) as a programmatic dependent
- * launch: k may be scheduled while the previous kernel finishes (hiding the launch
- * latency of a chain of small decode kernels), so k must call strata_pdl_wait() before
- * its first access to global memory.  The launch is checked by strata_k_check. */
+/* Launch k on ctx->stream with smem bytes of dynamic shared memory.  With ctx->pdl
+ * (CUDA, sm_90+) as a programmatic dependent launch: k may be scheduled while the
+ * previous kernel finishes (hiding the launch latency of a chain of small decode
+ * kernels), so k must call strata_pdl_wait() before its first access to memory the
+ * kernels before it write.  The launch is checked by strata_k_check. */
 template <typename... P, typename... A>
-static inline void strata_k_launch(const struct strata_gpu_ctx *ctx, void (*k)(P...), dim3 grid,
-                                   dim3 block, A... args)
+static inline void strata_k_launch_smem(const struct strata_gpu_ctx *ctx, void (*k)(P...),
+                                        dim3 grid, dim3 block, size_t smem, A... args)
 {
 #ifdef STRATA_GPU_CUDA
     if (ctx->pdl) {
         cudaLaunchAttribute at[1];
         at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         at[0].val.programmaticStreamSerializationAllowed = 1;
-        cudaLaunchConfig_t cfg = strata_k_cfg(ctx, grid, block, 0, at);
+        cudaLaunchConfig_t cfg = strata_k_cfg(ctx, grid, block, smem, at);
         (void)cudaLaunchKernelEx(&cfg, k, args...);
         return;
     }
@@ -68,12 +69,20 @@ static inline void strata_k_launch(const struct strata_gpu_ctx *ctx, void (*k)(P
         cudaLaunchAttribute at[1];
         at[0].id = cudaLaunchAttributePriority;
         at[0].val.priority = ctx->prio;
-        cudaLaunchConfig_t cfg = strata_k_cfg(ctx, grid, block, 0, at);
+        cudaLaunchConfig_t cfg = strata_k_cfg(ctx, grid, block, smem, at);
         (void)cudaLaunchKernelEx(&cfg, k, args...);
         return;
     }
 #endif
-    k<<<grid, block, 0, ctx->stream>>>(args...);
+    k<<<grid, block, smem, ctx->stream>>>(args...);
+}
+
+/* strata_k_launch_smem without dynamic shared memory. */
+template <typename... P, typename... A>
+static inline void strata_k_launch(const struct strata_gpu_ctx *ctx, void (*k)(P...), dim3 grid,
+                                   dim3 block, A... args)
+{
+    strata_k_launch_smem(ctx, k, grid, block, 0, args...);
 }
 
 /* Launch kernel k (a __global__ function's address) with its arguments' addresses in
@@ -224,9 +233,13 @@ struct strata_k_mvq_args {
     /* etab_slot: etab is indexed by slot instead (3 s + part for GLU slot s, 3 sl + 2 for
      * COMBINE assignment sl): pointers resolved for this batch */
     int etab_slot;
-    /* PLAIN with 2 rows per group (ne1 >= 16384, Q6_K/Q8_0, rows 16-byte aligned):
-     * stage the rows through shared memory; 0: unless STRATA_NO_MVQ_STAGE=1, 1: yes,
-     * -1: no.  The results are the same bits either way. */
+    /* How PLAIN products read their weights.  2: streamed (no ids, no fused norm: a
+     * fixed grid copies chunks of rows to shared memory while it computes the chunk
+     * before, every slot from the same copy); 1: staged (2 rows per group, Q6_K/Q8_0,
+     * rows 16-byte aligned: each block copies its rows to shared memory first); -1:
+     * neither; 0: streamed where ne1 >= 16384 (the output projection) unless
+     * STRATA_NO_MVQ_STREAM=1, else staged where it applies unless STRATA_NO_MVQ_STAGE=1.
+     * The results are the same bits whichever way. */
     int stage;
 };
 int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_args *a,
@@ -335,15 +348,29 @@ int strata_k_moe_route(struct strata_gpu_ctx *ctx, const float *logits, int n_to
                        int n_expert, int k, int norm, float scale, int32_t *ids, float *w,
                        struct strata_err *err);
 
+/* An RMSNorm fused into the kernel that reads its rows: weight w [n], eps, and the
+ * normed rows written as floats y [n_tok, n] (or NULL) and q8 rows yq (or NULL; rows of
+ * strata_k_q8_row_bytes(n)), the bits strata_k_quantize_q8 (norm on) writes. */
+struct strata_k_norm_q8 {
+    const float *w;
+    float eps;
+    float *y;
+    void *yq;
+};
+
 /* The router and strata_k_moe_route in one launch, for decode-sized batches: logits
  * [n_tok, n_expert] = x [n_tok, n] (row stride n) times the F32 router rw [n_expert rows
  * of n], then ids and w as strata_k_moe_route (same results for the same logits).
  * counter: an int of device memory, zero before and after the launch.  n_tok <= 64,
- * n % 4 == 0, x 16-byte aligned.  A token's logits do not depend on n_tok (bitwise). */
+ * n % 4 == 0, x 16-byte aligned.  A token's logits do not depend on n_tok (bitwise).
+ * fn (or NULL): x is the residual row, normed first (ffn_norm) with fn->w and fn->eps,
+ * the normed rows written to fn->y / fn->yq; logits, y and yq are bitwise those of
+ * strata_k_quantize_q8 followed by this kernel on its float rows (n % 32 == 0, all
+ * pointers 16-byte aligned; else STRATA_E_INVALID). */
 int strata_k_moe_router_topk(struct strata_gpu_ctx *ctx, const struct strata_k_weight *rw,
                              const float *x, int n_tok, float *logits, int *counter, int k,
                              int norm, float scale, int32_t *ids, float *w,
-                             struct strata_err *err);
+                             const struct strata_k_norm_q8 *fn, struct strata_err *err);
 
 /* out[t, :] = (add ? add[t, :] : 0) + sum_j w[t, j] * y[t * k + j, :], j in order.
  * y [n_tok * k, n], out/add [n_tok, n]; out may equal add. */

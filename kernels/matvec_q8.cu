@@ -212,6 +212,164 @@ __global__ void __launch_bounds__(512) mvq_kernel(struct mvq_params p)
     }
 }
 
+/* ---- large PLAIN products (the output projection): weights streamed through shared
+ * memory ----
+ * A fixed grid (a few blocks per multiprocessor) walks the matrix in chunks of
+ * rows = groups * 2 rows: the chunk's bytes (contiguous) are copied to shared memory
+ * with 16-byte cp.async while the block computes the chunk before (two buffers), and
+ * the first chunk's copy is issued before the PDL wait, since weights do not depend on
+ * the kernel before.  Every slot of the launch (a verify window's tokens) is computed
+ * from the same copy, so the matrix crosses memory once per launch instead of once per
+ * slot.  A row's sum is mvq_kernel's with the same tpr (lane gl adds units gl, gl +
+ * tpr, ... in order, then the shuffle tree, then add): the same bits. */
+#define MVQ_STREAM_CHUNK_MAX 32768 /* bytes of one chunk buffer */
+
+static __device__ __forceinline__ void mvq_copy16(uint8_t *dst, const uint8_t *src)
+{
+#if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src));
+#else
+    *(uint4 *)dst = *(const uint4 *)src;
+#endif
+}
+
+static __device__ __forceinline__ void mvq_copy_commit(void)
+{
+#if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;");
+#endif
+}
+
+/* wait until at most one committed group is still in flight */
+static __device__ __forceinline__ void mvq_copy_wait1(void)
+{
+#if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+#endif
+}
+
+/* chunk c's bytes [c * cb, min((c + 1) * cb, total)) into dst; total % 2 == 0, cb % 16 ==
+ * 0; a last piece under 16 bytes by 2-byte loads */
+static __device__ __forceinline__ void mvq_chunk_copy(uint8_t *dst, const uint8_t *w, int c,
+                                                      size_t cb, size_t total)
+{
+    const size_t off = (size_t)c * cb;
+    const size_t len = min(cb, total - off), n16 = len / 16;
+    for (size_t i = threadIdx.x; i < n16; i += blockDim.x)
+        mvq_copy16(dst + 16 * i, w + off + 16 * i);
+    for (size_t i = 16 * n16 + 2 * threadIdx.x; i < len; i += 2 * blockDim.x)
+        *(uint16_t *)(dst + i) = *(const uint16_t *)(w + off + i);
+}
+
+template <int T>
+__global__ void __launch_bounds__(256) mvq_stream_kernel(struct mvq_params p, int n_slot,
+                                                         int n_chunk, size_t cb)
+{
+    extern __shared__ __align__(16) uint8_t mvq_sbuf[];
+    const int tpr = p.tpr, gl = threadIdx.x % tpr, grp = threadIdx.x / tpr;
+    const int rows = (int)(blockDim.x / tpr) * 2;
+    const size_t total = (size_t)p.ne1 * p.nb1;
+    int c = blockIdx.x, buf = 0;
+    if (c < n_chunk)
+        mvq_chunk_copy(mvq_sbuf, p.w, c, cb, total);
+    mvq_copy_commit();
+    strata_pdl_wait();
+    strata_pdl_trigger();
+    size_t roff[2] = {(size_t)(2 * grp) * p.nb1, (size_t)(2 * grp + 1) * p.nb1};
+    for (; c < n_chunk; c += gridDim.x, buf ^= 1) {
+        if (c + (int)gridDim.x < n_chunk)
+            mvq_chunk_copy(mvq_sbuf + (buf ^ 1) * cb, p.w, c + gridDim.x, cb, total);
+        mvq_copy_commit();
+        mvq_copy_wait1();
+        __syncthreads();
+        const uint8_t *wb = mvq_sbuf + buf * cb;
+        const int r0 = c * rows + 2 * grp;
+        for (int s = 0; s < n_slot; s++) {
+            float acc[2] = {0.0f, 0.0f}, acc2[2];
+            mvq_lane_sums<T, 2, false>(wb, NULL, roff, gl, tpr, p.nu,
+                                       p.xq + (size_t)(s / p.x_group) * p.xq_row, acc, acc2);
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const float a = mvq_group_sum(acc[r], tpr);
+                const int64_t o = (int64_t)s * p.y_stride + r0 + r;
+                if (gl == 0 && r0 + r < p.ne1)
+                    p.y[o] = (p.add ? p.add[o] : 0.0f) + a;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+/* Threads of a stream block for rows of nb1 bytes with tpr lanes a row (each chunk
+ * buffer <= MVQ_STREAM_CHUNK_MAX), or 0 when even two warps' chunk is too large. */
+static int mvq_stream_threads(size_t nb1, int tpr)
+{
+    for (int th = 256; th >= 64; th /= 2)
+        if ((size_t)(th / tpr) * 2 * nb1 <= MVQ_STREAM_CHUNK_MAX)
+            return th;
+    return 0;
+}
+
+/* STRATA_NO_MVQ_STREAM=1: large PLAIN products as mvq_kernel blocks (read once) */
+static int mvq_stream_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("STRATA_NO_MVQ_STREAM");
+        on = !(e && *e && strcmp(e, "0") != 0);
+    }
+    return on;
+}
+
+/* Launch mvq_stream_kernel<T> with threads threads a block and as many blocks as the
+ * device holds at once.  *done = 0 (and 0 returned) when the device cannot run it with
+ * that shared memory: the caller launches mvq_kernel instead. */
+template <int T>
+static int mvq_stream_launch(struct strata_gpu_ctx *ctx, const struct mvq_params &p,
+                             int n_slot, int threads, int *done, struct strata_err *err)
+{
+    /* the shared-memory limit raised and the occupancy asked once per shape */
+    static size_t smem_set;
+    static int last_threads, last_per;
+    static size_t last_smem;
+    const int rows = threads / p.tpr * 2;
+    const size_t cb = (size_t)rows * p.nb1, smem = 2 * cb;
+    const int n_chunk = (int)((p.ne1 + rows - 1) / rows);
+    *done = 0;
+    if (smem > 48 * 1024 && smem > smem_set) {
+        if (cudaFuncSetAttribute(reinterpret_cast<const void *>(mvq_stream_kernel<T>),
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+        smem_set = smem;
+    }
+    if (threads != last_threads || smem != last_smem) {
+        int per = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                &per, reinterpret_cast<const void *>(mvq_stream_kernel<T>), threads, smem) !=
+            cudaSuccess)
+            (void)cudaGetLastError();
+        last_threads = threads;
+        last_smem = smem;
+        last_per = per;
+    }
+    if (last_per <= 0)
+        return 0;
+    int blocks = last_per * ctx->info.n_sm;
+    if (blocks > n_chunk)
+        blocks = n_chunk;
+    dim3 grid((unsigned)blocks), block((unsigned)threads);
+    strata_k_launch_smem(ctx, mvq_stream_kernel<T>, grid, block, smem, p, n_slot, n_chunk, cb);
+    *done = 1;
+    return strata_k_check(ctx, "mvq_stream_kernel", grid, block, err,
+                          "type %u ne1=%d n_slot=%d tpr=%d rows=%d smem=%zu", (unsigned)T, p.ne1,
+                          n_slot, p.tpr, rows, smem);
+}
+
 static int mvq_tpr_cap = 32; /* strata_k_mvq_set_tpr_cap */
 
 void strata_k_mvq_set_tpr_cap(int cap)
@@ -328,7 +486,22 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
                                                                w->type == KT_Q8_0) &&
                       !(w->nb1 & 15) && !(w->nb2 & 15) && !((uintptr_t)w->data & 15) &&
                       p.xq_row + (size_t)rows * w->nb1 <= MVQ_STAGE_BYTES &&
-                      (a->stage > 0 || (a->stage == 0 && mvq_stage_on()));
+                      (a->stage == 1 || (a->stage == 0 && mvq_stage_on()));
+    /* large dense products (the output projection; R == 2 picks them): streamed */
+    const int sthreads = mvq_stream_threads(w->nb1, p.tpr);
+    if (mode == STRATA_K_MVQ_PLAIN && !a->ids && !p.counter && sthreads &&
+        !((uintptr_t)w->data & 15) &&
+        (a->stage == 2 || (a->stage == 0 && R == 2 && mvq_stream_on()))) {
+        int done = 0, rc = 0;
+        switch (w->type) {
+        case KT_Q4_K: rc = mvq_stream_launch<KT_Q4_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
+        case KT_Q5_K: rc = mvq_stream_launch<KT_Q5_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
+        case KT_Q6_K: rc = mvq_stream_launch<KT_Q6_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
+        case KT_Q8_0: rc = mvq_stream_launch<KT_Q8_0>(ctx, p, a->n_slot, sthreads, &done, err); break;
+        }
+        if (done || rc)
+            return rc;
+    }
     switch (w->type) {
 #define CASE(T)                                                                               \
     case T:                                                                                   \

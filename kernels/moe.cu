@@ -1,6 +1,7 @@
 /* moe.cu - MoE routing (softmax, top-k), the per-expert plan of a batch, and the
  * weighted combine of the expert outputs. */
 #include "moe.cuh"
+#include "mvq.cuh"
 
 #include <math.h>
 
@@ -21,7 +22,8 @@ __global__ void moe_route_kernel(const float *__restrict__ logits, int n_tok, in
     route_warp(p, n_expert, k, norm, scale, ids + (int64_t)t * k, w + (int64_t)t * k);
 }
 
-#define ROUTER_THREADS 256
+/* the block size of quantize_q8_kernel: the fused RMSNorm sums in its order */
+#define ROUTER_THREADS STRATA_GPU_BLOCK
 #define ROUTER_PRE 4       /* float4s of its router row a thread loads before the PDL wait */
 #define ROUTER_MAX_TOK 64  /* tokens of one moe_router_topk launch */
 #define ROUTER_WARPS 4     /* warps of the last block that route, one token each */
@@ -32,40 +34,124 @@ __global__ void moe_route_kernel(const float *__restrict__ logits, int n_tok, in
  * overlaps that kernel; then, per token, the thread's products in the order of i and the
  * block tree (strata_block_sum): the order depends on n and the warp size only, never
  * on n_tok.  The last block done routes every token as moe_route_kernel does (a warp
- * per token) and resets the counter. */
+ * per token) and resets the counter.
+ *
+ * NORM: x is the residual row, and the block first normalises it (ffn_norm) as
+ * quantize_q8_kernel would: the same scale (row_rms_scale, same block size), the same
+ * products x * scale * w, so the logits are those of the two-launch path bitwise.  The
+ * eight lanes that hold a 32-value block of the normed row (float4s 8m .. 8m + 7) also
+ * write it as floats (rn.y) and q8 (rn.yq) in the one block that owns it (block m mod
+ * the grid), for the experts' products that follow: one launch fewer per layer. */
+struct router_norm {
+    const float *w;
+    float eps;
+    float *y;
+    uint8_t *yq;
+    size_t yq_row;
+};
+
+/* One float4 i (of n4) of a token's row: s + the router row's wv . xv (xv normed first
+ * when NORM: scale sc, norm weights g; its q8 block written by the block that owns it).
+ * Called by every lane of the warp (the q8 shuffles); i >= n4 adds nothing. */
+template <bool NORM>
+static __device__ __forceinline__ float router_step(int i, int n4, float4 xv, float4 wv,
+                                                    float4 g, float sc, int gl, int n, int e,
+                                                    float *yt, uint8_t *qt, float s)
+{
+    const int act = i < n4;
+    if (NORM) {
+        float v[4] = {xv.x * sc * g.x, xv.y * sc * g.y, xv.z * sc * g.z, xv.w * sc * g.w};
+        const int own = act && (i / 8) % (int)gridDim.x == e;
+        if (qt)
+            q8_store4(v, own, gl, i / 8, n, yt, qt);
+        else if (yt && own)
+            *(float4 *)(yt + 4 * i) = make_float4(v[0], v[1], v[2], v[3]);
+        xv = make_float4(v[0], v[1], v[2], v[3]);
+    }
+    return act ? fma4(wv, xv, s) : s;
+}
+
+template <bool NORM>
 __global__ void __launch_bounds__(ROUTER_THREADS)
     moe_router_topk_kernel(const float *__restrict__ rw, const float *__restrict__ x, int n,
                            int n_tok, int n_expert, float *logits, int *counter, int k,
                            int norm, float scale, int32_t *__restrict__ ids,
-                           float *__restrict__ w)
+                           float *__restrict__ w, struct router_norm rn)
 {
-    __shared__ float red[STRATA_GPU_MAX_WARP];
+    /* per token and warp: the warp's part of the sum of squares, then of the logit; the
+     * block tree of strata_block_sum taken for every token at once (one barrier per
+     * phase instead of two per token) */
+    __shared__ float red[2][ROUTER_MAX_TOK][ROUTER_THREADS / 32];
     __shared__ float p[ROUTER_WARPS][ROUTE_MAX_EXPERT];
     __shared__ int last;
     const int e = blockIdx.x, n4 = n / 4;
+    const int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
+    const int nwarp = blockDim.x / warpSize;
     const float4 *wr = (const float4 *)(rw + (int64_t)e * n);
-    float4 pre[ROUTER_PRE];
+    const float4 *gw = (const float4 *)rn.w;
+    const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float4 pre[ROUTER_PRE], gpre[NORM ? ROUTER_PRE : 1];
 #pragma unroll
     for (int j = 0; j < ROUTER_PRE; j++) {
         const int i = threadIdx.x + j * blockDim.x;
-        pre[j] = i < n4 ? wr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        pre[j] = i < n4 ? wr[i] : z;
+        if (NORM)
+            gpre[j] = i < n4 ? gw[i] : z;
     }
     strata_pdl_wait();
     strata_pdl_trigger();
+    /* token 0's float4s in the same round trip as the norm's loads (a decode step) */
+    float4 x0[ROUTER_PRE];
+#pragma unroll
+    for (int j = 0; j < ROUTER_PRE; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        x0[j] = i < n4 ? ((const float4 *)x)[i] : z;
+    }
+    if (NORM) {
+        for (int t = 0; t < n_tok; t++) {
+            const float v = strata_warp_sum(row_sumsq_part<false>(x + (int64_t)t * n, n, NULL));
+            if (lane == 0)
+                red[0][t][wid] = v;
+        }
+        __syncthreads();
+    }
+    const int gl = threadIdx.x % 8;
+    /* warp-uniform bounds: the q8 blocks' shuffles need every lane */
+    const int lane0 = threadIdx.x - lane;
     for (int t = 0; t < n_tok; t++) {
         const float4 *xr = (const float4 *)(x + (int64_t)t * n);
+        float sc = 1.0f;
+        if (NORM) {
+            float ss = 0.0f;
+            for (int i = 0; i < nwarp; i++)
+                ss += red[0][t][i];
+            sc = rms_scale_of(ss, n, rn.eps);
+        }
+        float *yt = NORM && rn.y ? rn.y + (int64_t)t * n : NULL;
+        uint8_t *qt = NORM && rn.yq ? rn.yq + (size_t)t * rn.yq_row : NULL;
         float s = 0.0f;
 #pragma unroll
         for (int j = 0; j < ROUTER_PRE; j++) {
             const int i = threadIdx.x + j * blockDim.x;
-            if (i < n4)
-                s = fma4(pre[j], xr[i], s);
+            if (lane0 + j * (int)blockDim.x < n4)
+                s = router_step<NORM>(i, n4, t == 0 ? x0[j] : i < n4 ? xr[i] : z, pre[j],
+                                      gpre[NORM ? j : 0], sc, gl, n, e, yt, qt, s);
         }
-        for (int i = threadIdx.x + ROUTER_PRE * blockDim.x; i < n4; i += blockDim.x)
-            s = fma4(wr[i], xr[i], s);
-        s = strata_block_sum(s, red);
-        if (threadIdx.x == 0)
-            logits[(int64_t)t * n_expert + e] = s;
+        for (int j = ROUTER_PRE; lane0 + j * (int)blockDim.x < n4; j++) {
+            const int i = threadIdx.x + j * blockDim.x, act = i < n4;
+            s = router_step<NORM>(i, n4, act ? xr[i] : z, act ? wr[i] : z,
+                                  NORM && act ? gw[i] : z, sc, gl, n, e, yt, qt, s);
+        }
+        s = strata_warp_sum(s);
+        if (lane == 0)
+            red[1][t][wid] = s;
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < n_tok) {
+        float s = 0.0f;
+        for (int i = 0; i < nwarp; i++)
+            s += red[1][threadIdx.x][i];
+        logits[(int64_t)threadIdx.x * n_expert + e] = s;
     }
     __threadfence();
     __syncthreads();
@@ -75,8 +161,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
     if (!last)
         return;
     __threadfence();
-    const int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
-    const int nw = min((int)(blockDim.x / warpSize), ROUTER_WARPS);
+    const int nw = min(nwarp, ROUTER_WARPS);
     for (int t = wid; wid < nw && t < n_tok; t += nw) {
         const volatile float *lr = logits + (int64_t)t * n_expert;
         for (int i = lane; i < n_expert; i += warpSize)
@@ -90,7 +175,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
 int strata_k_moe_router_topk(struct strata_gpu_ctx *ctx, const struct strata_k_weight *rw,
                              const float *x, int n_tok, float *logits, int *counter, int k,
                              int norm, float scale, int32_t *ids, float *w,
-                             struct strata_err *err)
+                             const struct strata_k_norm_q8 *fn, struct strata_err *err)
 {
     int n = (int)rw->ne0, n_expert = (int)rw->ne1;
     if (rw->type != 0 /* F32 */ || rw->ne0 % 4 || rw->ne0 > INT32_MAX ||
@@ -101,11 +186,29 @@ int strata_k_moe_router_topk(struct strata_gpu_ctx *ctx, const struct strata_k_w
                             "moe_router_topk: bad shape type=%u n=%d n_expert=%d n_tok=%d k=%d "
                             "(F32 router, n %% 4 == 0, n_expert <= %d, n_tok <= %d, k <= 32)",
                             rw->type, n, n_expert, n_tok, k, ROUTE_MAX_EXPERT, ROUTER_MAX_TOK);
+    struct router_norm rn = {NULL, 0.0f, NULL, NULL, 0};
+    if (fn) {
+        if (n % 32 || !fn->w || ((uintptr_t)fn->w & 15) || ((uintptr_t)fn->y & 15) ||
+            ((uintptr_t)fn->yq & 15))
+            return strata_k_err(err, STRATA_E_INVALID,
+                                "moe_router_topk: the fused RMSNorm needs n %% 32 == 0 (n=%d) "
+                                "and 16-byte aligned weights and rows", n);
+        rn.w = fn->w;
+        rn.eps = fn->eps;
+        rn.y = fn->y;
+        rn.yq = (uint8_t *)fn->yq;
+        rn.yq_row = strata_k_q8_row_bytes(n);
+    }
     dim3 grid((unsigned)n_expert), block(ROUTER_THREADS);
-    strata_k_launch(ctx, moe_router_topk_kernel, grid, block, (const float *)rw->data, x, n,
-                    n_tok, n_expert, logits, counter, k, norm, scale, ids, w);
+    if (fn)
+        strata_k_launch(ctx, moe_router_topk_kernel<true>, grid, block, (const float *)rw->data,
+                        x, n, n_tok, n_expert, logits, counter, k, norm, scale, ids, w, rn);
+    else
+        strata_k_launch(ctx, moe_router_topk_kernel<false>, grid, block, (const float *)rw->data,
+                        x, n, n_tok, n_expert, logits, counter, k, norm, scale, ids, w, rn);
     return strata_k_check(ctx, "moe_router_topk_kernel", grid, block, err,
-                          "n=%d n_expert=%d n_tok=%d k=%d", n, n_expert, n_tok, k);
+                          "n=%d n_expert=%d n_tok=%d k=%d norm=%d", n, n_expert, n_tok, k,
+                          fn != NULL);
 }
 
 int strata_k_moe_route(struct strata_gpu_ctx *ctx, const float *logits, int n_tok,

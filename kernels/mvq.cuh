@@ -26,6 +26,71 @@ template <bool VOL> static __device__ __forceinline__ float ldx(const float *x, 
     return VOL ? strata_ldcg_f(x + i) : x[i];
 }
 
+/* This thread's part of the sum of squares of an n-value row: x[i], x[i + blockDim.x],
+ * ... added in order.  STAGED: x is also copied to y (shared memory). */
+template <bool VOL, bool STAGED = false>
+static __device__ __forceinline__ float row_sumsq_part(const float *x, int n, float *y)
+{
+    float s = 0.0f;
+    /* eight loads in flight: a 2,048-value row in one round trip (the sum's order is
+     * the loop's either way) */
+#pragma unroll 8
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = ldx<VOL>(x, i);
+        if (STAGED)
+            y[i] = v;
+        s = fmaf(v, v, s);
+    }
+    return s;
+}
+
+/* The RMSNorm scale of a row from its sum of squares s. */
+static __device__ __forceinline__ float rms_scale_of(float s, int n, float eps)
+{
+    return rsqrtf(s / (float)n + eps);
+}
+
+/* rsqrt(mean(x^2) + eps) of one n-value row by the whole block: the threads' parts
+ * (row_sumsq_part), then the block tree (strata_block_sum).  Every kernel that
+ * normalises a decode row (norm_q8_row, moe_router_topk_kernel) sums in this order, so
+ * the normed values are the same bits whichever kernel made them. */
+template <bool VOL, bool STAGED = false>
+static __device__ __forceinline__ float row_rms_scale(const float *x, int n, float eps, float *y,
+                                                      float *scratch)
+{
+    const float s = strata_block_sum(row_sumsq_part<VOL, STAGED>(x, n, y), scratch);
+    return rms_scale_of(s, n, eps);
+}
+
+/* Values 32 b + 4 gl .. + 3 (v) of an n-value row as 8-bit quants: eight lanes (gl =
+ * lane % 8) own a 32-value block, whose scale max|v| / 127 needs three shuffles.  Every
+ * lane of the warp calls it (act = 0: takes part in the shuffles only, writes nothing);
+ * y (float copy of v) may be NULL; yq: the q8 row (n quants, then n / 32 scales). */
+static __device__ __forceinline__ void q8_store4(const float *v, int act, int gl, int b, int n,
+                                                 float *y, uint8_t *yq)
+{
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        amax = fmaxf(amax, fabsf(v[j]));
+    amax = fmaxf(amax, STRATA_SHFL_XOR(amax, 1));
+    amax = fmaxf(amax, STRATA_SHFL_XOR(amax, 2));
+    amax = fmaxf(amax, STRATA_SHFL_XOR(amax, 4));
+    float d = amax / 127.0f;
+    if (!act)
+        return;
+    const int i0 = 32 * b + 4 * gl;
+    if (y)
+        *(float4 *)(y + i0) = make_float4(v[0], v[1], v[2], v[3]);
+    uint32_t pk = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        pk |= (uint32_t)(uint8_t)(int8_t)(d > 0.0f ? __float2int_rn(v[j] / d) : 0) << (8 * j);
+    *(uint32_t *)(yq + i0) = pk;
+    if (gl == 0)
+        ((float *)(yq + n))[b] = d;
+}
+
 /* One row by the whole block: v = norm ? x * rsqrt(mean(x^2) + eps) * w : x, written
  * as float32 to y (if not NULL) and as a q8 row to yq.  n % 32 == 0, blockDim.x % 32 ==
  * 0.  Eight lanes own a 32-value block (four values each), so that the scale needs only
@@ -36,49 +101,18 @@ template <bool VOL, bool STAGED = false>
 static __device__ void norm_q8_row(const float *x, int n, int norm, const float *w, float eps,
                                    float *y, uint8_t *yq, float *scratch)
 {
-    float sc = 1.0f;
-    if (norm) {
-        float s = 0.0f;
-        /* eight loads in flight: a 2,048-value row in one round trip (the sum's order is
-         * the loop's either way) */
-#pragma unroll 8
-        for (int i = threadIdx.x; i < n; i += blockDim.x) {
-            float v = ldx<VOL>(x, i);
-            if (STAGED)
-                y[i] = v;
-            s = fmaf(v, v, s);
-        }
-        s = strata_block_sum(s, scratch);
-        sc = rsqrtf(s / (float)n + eps);
-    }
+    const float sc = norm ? row_rms_scale<VOL, STAGED>(x, n, eps, y, scratch) : 1.0f;
     const int nb = n / 32, gl = threadIdx.x % 8, ng = blockDim.x / 8;
     const int wb = (int)(threadIdx.x % 32) / 8; /* this group's place in its warp */
     for (int b = threadIdx.x / 8; b - wb < nb; b += ng) {
         const int act = b < nb, i0 = 32 * b + 4 * gl;
         float v[4];
-        float amax = 0.0f;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             float xv = !act ? 0.0f : STAGED && norm ? y[i0 + j] : ldx<VOL>(x, i0 + j);
             v[j] = norm ? xv * sc * (w ? w[act ? i0 + j : 0] : 1.0f) : xv;
-            amax = fmaxf(amax, fabsf(v[j]));
         }
-        amax = fmaxf(amax, STRATA_SHFL_XOR(amax, 1));
-        amax = fmaxf(amax, STRATA_SHFL_XOR(amax, 2));
-        amax = fmaxf(amax, STRATA_SHFL_XOR(amax, 4));
-        float d = amax / 127.0f;
-        if (act) {
-            if (y)
-                *(float4 *)(y + i0) = make_float4(v[0], v[1], v[2], v[3]);
-            uint32_t pk = 0;
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                pk |= (uint32_t)(uint8_t)(int8_t)(d > 0.0f ? __float2int_rn(v[j] / d) : 0)
-                      << (8 * j);
-            *(uint32_t *)(yq + i0) = pk;
-            if (gl == 0)
-                ((float *)(yq + n))[b] = d;
-        }
+        q8_store4(v, act, gl, b, n, y, yq);
     }
 }
 

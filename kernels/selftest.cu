@@ -794,7 +794,15 @@ static int c_matvec_q8_stage(int dev, int type, char *shapes, size_t sc, char *m
             ref[t * ne1 + r] = (float)a;
             max_mag = fmax(max_mag, mag);
         }
-    for (int staged = 1; staged >= 0 && !s.rc; staged--) {
+    float *streamed = (float *)st_host(&s, sizeof(float) * ne1 * n_tok);
+    float *ds = (float *)st_dev(&s, sizeof(float) * ne1 * n_tok);
+    if (s.rc)
+        return st_end(&s);
+    /* staged (1), direct (-1), streamed (2) */
+    const int ways[3] = {1, -1, 2};
+    float *outs[3] = {dy, dd, ds};
+    const char *names[3] = {"matvec_q8 staged", "matvec_q8 plain", "matvec_q8 streamed"};
+    for (int v = 0; v < 3 && !s.rc; v++) {
         struct strata_k_mvq_args a;
         memset(&a, 0, sizeof(a));
         a.w = &w.kw;
@@ -802,19 +810,22 @@ static int c_matvec_q8_stage(int dev, int type, char *shapes, size_t sc, char *m
         a.n_slot = n_tok;
         a.x_group = 1;
         a.xq = dxq;
-        a.y = staged ? dy : dd;
+        a.y = outs[v];
         a.y_stride = ne1;
-        a.stage = staged ? 1 : -1;
+        a.stage = ways[v];
         struct strata_err err = {0, ""};
         int rc = strata_k_matvec_q8(&s.ctx, &a, &err);
-        st_launched(&s, staged ? "matvec_q8 staged" : "matvec_q8 plain", rc, &err, a.y,
-                    sizeof(float) * ne1 * n_tok);
+        st_launched(&s, names[v], rc, &err, a.y, sizeof(float) * ne1 * n_tok);
     }
     st_down(&s, got, dy, sizeof(float) * ne1 * n_tok);
     st_down(&s, direct, dd, sizeof(float) * ne1 * n_tok);
+    st_down(&s, streamed, ds, sizeof(float) * ne1 * n_tok);
     st_compare(&s, "matvec_q8 staged", got, ref, ne1 * n_tok, 1e-5 * max_mag + 1e-6, 1e-4);
     if (!s.rc && memcmp(got, direct, sizeof(float) * ne1 * n_tok) != 0)
         st_fail(&s, STRATA_SELFTEST_WRONG, "matvec_q8 staged: not the bits of the direct kernel");
+    if (!s.rc && memcmp(streamed, direct, sizeof(float) * ne1 * n_tok) != 0)
+        st_fail(&s, STRATA_SELFTEST_WRONG,
+                "matvec_q8 streamed: not the bits of the direct kernel");
     return st_end(&s);
 }
 
@@ -858,7 +869,7 @@ static int c_router_topk(int dev, int arg, char *shapes, size_t sc, char *msg, s
     if (!s.rc) {
         struct strata_err err = {0, ""};
         int rc = strata_k_moe_router_topk(&s.ctx, &rw.kw, dx, n_tok, dl, dc, k, 1, 1.0f, di, dw,
-                                          &err);
+                                          NULL, &err);
         st_launched(&s, "moe_router_topk", rc, &err, dw, 4 * n_tok * k);
     }
     st_down(&s, lg, dl, sizeof(float) * n_expert * n_tok);
@@ -875,6 +886,111 @@ static int c_router_topk(int dev, int arg, char *shapes, size_t sc, char *msg, s
                     "moe_router_topk: expert id %d of token %d is %d, the reference chose %d",
                     i % k, i / k, gid[i], rid[i]);
     st_compare(&s, "moe_router_topk weights", gw, wref, n_tok * k, 1e-6, 1e-5);
+    return st_end(&s);
+}
+
+/* The router with its ffn_norm fused (strata_k_norm_q8): the normed rows (floats and
+ * q8), the logits and the routing must be the bits of quantize_q8 followed by the
+ * router on its float rows.  n > 4096 (float4s past the ones loaded before the PDL
+ * wait), n / 32 q8 blocks over fewer experts (a block writes several), 3 tokens. */
+static int c_router_norm(int dev, int arg, char *shapes, size_t sc, char *msg, size_t mc)
+{
+    (void)arg;
+    struct st s;
+    int n = 4640, n_expert = 24, k = 4, n_tok = 3;
+    size_t rb = strata_k_q8_row_bytes(n);
+    snprintf(shapes, sc, "n=%d n_expert=%d k=%d n_tok=%d", n, n_expert, k, n_tok);
+    st_begin(&s, dev, msg, mc);
+    struct st_w rw;
+    st_weights(&s, &rw, STRATA_TYPE_F32, n, n_expert, 1, 0);
+    const size_t nx = (size_t)n * n_tok, nl = (size_t)n_expert * n_tok, nk = (size_t)n_tok * k;
+    float *x = (float *)st_host(&s, 4 * nx), *nw = (float *)st_host(&s, 4 * (size_t)n);
+    float *y[2], *lg[2], *gw[2];
+    uint8_t *q[2];
+    int32_t *gid[2];
+    for (int v = 0; v < 2; v++) {
+        y[v] = (float *)st_host(&s, 4 * nx);
+        lg[v] = (float *)st_host(&s, 4 * nl);
+        gw[v] = (float *)st_host(&s, 4 * nk);
+        gid[v] = (int32_t *)st_host(&s, 4 * nk);
+        q[v] = (uint8_t *)st_host(&s, rb * n_tok);
+    }
+    if (s.rc)
+        return st_end(&s);
+    kt_fill(x, nx, 4.0f);
+    kt_fill(nw, n, 1.0f);
+    float *dx = (float *)st_up(&s, x, 4 * nx), *dnw = (float *)st_up(&s, nw, 4 * (size_t)n);
+    float *dy = (float *)st_dev(&s, 4 * nx), *dl = (float *)st_dev(&s, 4 * nl);
+    float *dw = (float *)st_dev(&s, 4 * nk);
+    int32_t *di = (int32_t *)st_dev(&s, 4 * nk);
+    void *dq = st_dev(&s, rb * n_tok);
+    int *dc = (int *)st_dev(&s, sizeof(int));
+    if (!s.rc)
+        ST_RT(&s, cudaMemset(dc, 0, sizeof(int)));
+    /* v = 0: quantize_q8, then the router on its float rows; v = 1: one launch */
+    for (int v = 0; v < 2 && !s.rc; v++) {
+        struct strata_err err = {0, ""};
+        ST_RT(&s, cudaMemset(dy, 0, 4 * nx));
+        ST_RT(&s, cudaMemset(dq, 0, rb * n_tok));
+        if (s.rc)
+            break;
+        struct strata_k_norm_q8 fn = {dnw, 1e-6f, dy, dq};
+        int rc = v ? 0 : strata_k_quantize_q8(&s.ctx, dx, n, n, n_tok, 1, dnw, 1e-6f, dy, dq, &err);
+        if (!rc)
+            rc = strata_k_moe_router_topk(&s.ctx, &rw.kw, v ? dx : dy, n_tok, dl, dc, k, 1, 1.0f,
+                                          di, dw, v ? &fn : NULL, &err);
+        st_launched(&s, v ? "moe_router_topk (ffn_norm fused)" : "quantize_q8 + moe_router_topk",
+                    rc, &err, dw, 4 * nk);
+        st_down(&s, y[v], dy, 4 * nx);
+        st_down(&s, q[v], dq, rb * n_tok);
+        st_down(&s, lg[v], dl, 4 * nl);
+        st_down(&s, gw[v], dw, 4 * nk);
+        st_down(&s, gid[v], di, 4 * nk);
+    }
+    if (s.rc)
+        return st_end(&s);
+    /* the two-launch path itself against the CPU's RMSNorm */
+    float *ref = (float *)st_host(&s, 4 * nx);
+    if (s.rc)
+        return st_end(&s);
+    st_rms_norm_ref(x, nw, n, n_tok, ref);
+    st_compare(&s, "quantize_q8 (normed rows)", y[0], ref, nx, 1e-6, 1e-5);
+    if (!s.rc && memcmp(y[0], y[1], 4 * nx) != 0)
+        for (size_t i = 0; i < nx && !s.rc; i++)
+            if (memcmp(&y[0][i], &y[1][i], 4) != 0)
+                st_fail(&s, STRATA_SELFTEST_WRONG,
+                        "fused ffn_norm: token %zu value %zu is %a, quantize_q8's %a (must be "
+                        "equal bitwise)", i / n, i % n, y[1][i], y[0][i]);
+    if (!s.rc && memcmp(q[0], q[1], rb * n_tok) != 0)
+        for (size_t i = 0; i < rb * n_tok && !s.rc; i++)
+            if (q[0][i] != q[1][i])
+                st_fail(&s, STRATA_SELFTEST_WRONG,
+                        "fused ffn_norm: q8 byte %zu of token %zu is %u, quantize_q8's %u", i % rb,
+                        i / rb, q[1][i], q[0][i]);
+    if (!s.rc && memcmp(lg[0], lg[1], 4 * nl) != 0)
+        for (size_t i = 0; i < nl && !s.rc; i++)
+            if (memcmp(&lg[0][i], &lg[1][i], 4) != 0)
+                st_fail(&s, STRATA_SELFTEST_WRONG,
+                        "fused ffn_norm: logit of expert %zu token %zu is %a, the two-launch "
+                        "path's %a (must be equal bitwise)", i % n_expert, i / n_expert, lg[1][i],
+                        lg[0][i]);
+    if (!s.rc && (memcmp(gid[0], gid[1], 4 * nk) != 0 || memcmp(gw[0], gw[1], 4 * nk) != 0))
+        st_fail(&s, STRATA_SELFTEST_WRONG, "fused ffn_norm: the routing differs");
+    /* the logits themselves against double sums over the normed rows */
+    float *lref = (float *)st_host(&s, 4 * nl);
+    double max_mag = 0;
+    for (int t = 0; t < n_tok && !s.rc; t++)
+        for (int e = 0; e < n_expert; e++) {
+            double a = 0, mag = 0;
+            for (int i = 0; i < n; i++) {
+                a += (double)rw.f[e * n + i] * ref[t * n + i];
+                mag += fabs((double)rw.f[e * n + i] * ref[t * n + i]);
+            }
+            lref[t * n_expert + e] = (float)a;
+            max_mag = fmax(max_mag, mag);
+        }
+    st_compare(&s, "moe_router_topk logits (ffn_norm fused)", lg[1], lref, nl,
+               1e-5 * max_mag + 1e-6, 1e-4);
     return st_end(&s);
 }
 
@@ -1321,6 +1437,7 @@ extern "C" const struct strata_selftest_table *strata_gpu_selftest_table(void)
     st_add(&n, "matmul grouped", STRATA_TYPE_Q4_K, 1, c_matmul_grouped, STRATA_TYPE_Q4_K);
     st_add(&n, "quantize_q8", 0, 0, c_quantize_q8, 0);
     st_add(&n, "moe_router_topk", 0, 0, c_router_topk, 0);
+    st_add(&n, "router+ffn_norm", 0, 0, c_router_norm, 0);
     for (int i = 0; i < KT_N_TYPES; i++) {
         uint32_t t = kt_all_types[i];
         if (!strata_k_type_supported(t))
@@ -1330,7 +1447,7 @@ extern "C" const struct strata_selftest_table *strata_gpu_selftest_table(void)
         st_add(&n, "matmul", t, 1, c_matmul, (int)t);
         if (strata_k_matvec_q8_supported(t))
             st_add(&n, "matvec_q8", t, 1, c_matvec_q8, (int)t);
-        if (t == STRATA_TYPE_Q8_0)
+        if (t == STRATA_TYPE_Q8_0 || t == STRATA_TYPE_Q6_K)
             st_add(&n, "matvec_q8 staged", t, 1, c_matvec_q8_stage, (int)t);
     }
     st_table.api = STRATA_GPU_RUNTIME_NAME;

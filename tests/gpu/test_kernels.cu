@@ -525,8 +525,9 @@ static void test_matvec_q8(uint32_t type, int64_t ne0, int64_t ne1, int n_exp, i
     free(add); free(ref); free(got); free(gq);
 }
 
-/* The staged PLAIN kernel (rows through shared memory) gives the bits of the direct
- * one, expert ids and token groups included. */
+/* The staged PLAIN kernel (rows through shared memory) and, without expert ids, the
+ * streamed one (chunks of rows through two shared buffers, every slot from one copy)
+ * give the bits of the direct one, expert ids and token groups included. */
 static void test_matvec_q8_stage(uint32_t type, int64_t ne0, int64_t ne1, int n_exp, int n_slot,
                                  int x_group)
 {
@@ -536,19 +537,22 @@ static void test_matvec_q8_stage(uint32_t type, int64_t ne0, int64_t ne1, int n_
     uint8_t *w = kt_random_rows(type, ne0, ne1 * n_exp, &rb);
     float *x = (float *)malloc(sizeof(float) * ne0 * n_x);
     kt_fill(x, ne0 * n_x, 1.0f);
-    int32_t ids[16];
+    int32_t ids[17];
     for (int i = 0; i < n_slot; i++)
         ids[i] = (int32_t)(kt_u32() % n_exp);
     void *dw = kt_up(w, rb * ne1 * n_exp);
     float *dx = (float *)kt_up(x, sizeof(float) * ne0 * n_x);
     int32_t *dids = (int32_t *)kt_up(ids, sizeof ids);
     void *dxq = kt_dev(xrb * n_x);
-    float *dy0 = (float *)kt_dev(sizeof(float) * ne1 * n_slot);
-    float *dy1 = (float *)kt_dev(sizeof(float) * ne1 * n_slot);
-    float *y0 = (float *)malloc(sizeof(float) * ne1 * n_slot);
-    float *y1 = (float *)malloc(sizeof(float) * ne1 * n_slot);
-    kt_poison(dy0, sizeof(float) * ne1 * n_slot);
-    kt_poison(dy1, sizeof(float) * ne1 * n_slot);
+    const size_t yb = sizeof(float) * ne1 * n_slot;
+    const int n_way = n_exp > 1 ? 2 : 3, stages[3] = {-1, 1, 2};
+    const char *names[3] = {"direct", "staged", "streamed"};
+    float *dy[3], *y[3];
+    for (int v = 0; v < n_way; v++) {
+        dy[v] = (float *)kt_dev(yb);
+        y[v] = (float *)malloc(yb);
+        kt_poison(dy[v], yb);
+    }
     struct strata_k_weight kw = {type, ne0, ne1, rb, rb * ne1, dw};
     struct strata_k_mvq_args a;
     memset(&a, 0, sizeof(a));
@@ -560,23 +564,26 @@ static void test_matvec_q8_stage(uint32_t type, int64_t ne0, int64_t ne1, int n_
     a.xq = dxq;
     a.y_stride = ne1;
     int rc = strata_k_quantize_q8(&ctx, dx, ne0, (int)ne0, n_x, 0, NULL, 0.0f, NULL, dxq, &err);
-    a.y = dy0;
-    a.stage = -1;
-    if (!rc)
+    for (int v = 0; v < n_way && !rc; v++) {
+        a.y = dy[v];
+        a.stage = stages[v];
         rc = strata_k_matvec_q8(&ctx, &a, &err);
-    a.y = dy1;
-    a.stage = 1;
-    if (!rc)
-        rc = strata_k_matvec_q8(&ctx, &a, &err);
+    }
     KT_CUDA(cudaDeviceSynchronize());
-    kt_down(y0, dy0, sizeof(float) * ne1 * n_slot);
-    kt_down(y1, dy1, sizeof(float) * ne1 * n_slot);
-    int same = !rc && memcmp(y0, y1, sizeof(float) * ne1 * n_slot) == 0;
-    ok(same, "matvec_q8 staged %s [%lld x %lld] x%d experts, %d slots/%d: %s %s",
-       strata_ggml_type_name(type), (long long)ne0, (long long)ne1, n_exp, n_slot, x_group,
-       same ? "same bits as direct" : "differs from direct", rc ? err.msg : "");
-    cudaFree(dw); cudaFree(dx); cudaFree(dids); cudaFree(dxq); cudaFree(dy0); cudaFree(dy1);
-    free(w); free(x); free(y0); free(y1);
+    for (int v = 1; v < n_way; v++) {
+        kt_down(y[0], dy[0], yb);
+        kt_down(y[v], dy[v], yb);
+        int same = !rc && memcmp(y[0], y[v], yb) == 0;
+        ok(same, "matvec_q8 %s %s [%lld x %lld] x%d experts, %d slots/%d: %s %s", names[v],
+           strata_ggml_type_name(type), (long long)ne0, (long long)ne1, n_exp, n_slot, x_group,
+           same ? "same bits as direct" : "differs from direct", rc ? err.msg : "");
+    }
+    cudaFree(dw); cudaFree(dx); cudaFree(dids); cudaFree(dxq);
+    for (int v = 0; v < n_way; v++) {
+        cudaFree(dy[v]);
+        free(y[v]);
+    }
+    free(w); free(x);
 }
 
 /* A token's rows alone equal its rows inside a 7-token batch, bit for bit, in every
@@ -678,7 +685,8 @@ static void test_router_topk(int n_tok, int n_expert, int n, int k, int norm)
     for (int rep = 0; rep < 2 && !rc; rep++) {
         kt_poison(dl, sizeof(float) * n_tok * n_expert);
         kt_poison(di, sizeof(int32_t) * n_tok * k);
-        rc = strata_k_moe_router_topk(&ctx, &kw, dx, n_tok, dl, dc, k, norm, 0.5f, di, dwt, &err);
+        rc = strata_k_moe_router_topk(&ctx, &kw, dx, n_tok, dl, dc, k, norm, 0.5f, di, dwt, NULL,
+                                      &err);
     }
     KT_CUDA(cudaDeviceSynchronize());
     kt_down(got, dl, sizeof(float) * n_tok * n_expert);
@@ -686,7 +694,7 @@ static void test_router_topk(int n_tok, int n_expert, int n, int k, int norm)
     float *one = (float *)malloc(sizeof(float) * n_expert);
     if (!rc)
         rc = strata_k_moe_router_topk(&ctx, &kw, dx + (size_t)(n_tok - 1) * n, 1, dl, dc, k,
-                                      norm, 0.5f, di2, dwt2, &err);
+                                      norm, 0.5f, di2, dwt2, NULL, &err);
     KT_CUDA(cudaDeviceSynchronize());
     kt_down(one, dl, sizeof(float) * n_expert);
     int inv = !rc && memcmp(one, got + (size_t)(n_tok - 1) * n_expert,
@@ -720,17 +728,104 @@ static void test_router_topk(int n_tok, int n_expert, int n, int k, int norm)
     free(w); free(x); free(ref); free(got); free(gi); free(gi2); free(gw); free(gw2); free(one);
 }
 
+/* The router with the ffn_norm in its launch (strata_k_norm_q8) against quantize_q8
+ * followed by the router on its float rows: the normed rows, their q8 bytes, the logits
+ * and the routing must be the same bits; and the last token alone the bits it got in
+ * the batch. */
+static void test_router_norm(int n_tok, int n_expert, int n, int k, int q8)
+{
+    struct strata_err err = {0, ""};
+    size_t rb = strata_k_q8_row_bytes(n), nx = (size_t)n * n_tok, nl = (size_t)n_expert * n_tok;
+    float *w = (float *)malloc(sizeof(float) * n_expert * n), *x = (float *)malloc(4 * nx);
+    float *nw = (float *)malloc(sizeof(float) * n);
+    kt_fill(w, (size_t)n_expert * n, 0.05f);
+    kt_fill(x, nx, 3.0f);
+    kt_fill(nw, n, 1.0f);
+    float *dw = (float *)kt_up(w, sizeof(float) * n_expert * n), *dx = (float *)kt_up(x, 4 * nx);
+    float *dnw = (float *)kt_up(nw, sizeof(float) * n);
+    float *dy = (float *)kt_dev(4 * nx), *dl = (float *)kt_dev(4 * nl);
+    float *dwt = (float *)kt_dev(sizeof(float) * n_tok * k);
+    int32_t *di = (int32_t *)kt_dev(sizeof(int32_t) * n_tok * k);
+    void *dq = kt_dev(rb * n_tok);
+    int *dc = (int *)kt_dev(sizeof(int));
+    KT_CUDA(cudaMemset(dc, 0, sizeof(int)));
+    struct strata_k_weight kw = {STRATA_TYPE_F32, n, n_expert, 4 * (size_t)n, 0, dw};
+    float *y[3], *lg[3], *gw[3];
+    int32_t *gi[3];
+    uint8_t *q[3];
+    int rc = 0;
+    /* v 0: two launches; v 1: fused; v 2: fused, the last token alone */
+    for (int v = 0; v < 3; v++) {
+        y[v] = (float *)malloc(4 * nx);
+        lg[v] = (float *)malloc(4 * nl);
+        gw[v] = (float *)malloc(sizeof(float) * n_tok * k);
+        gi[v] = (int32_t *)malloc(sizeof(int32_t) * n_tok * k);
+        q[v] = (uint8_t *)malloc(rb * n_tok);
+        kt_poison(dy, 4 * nx);
+        kt_poison(dq, rb * n_tok);
+        kt_poison(dl, 4 * nl);
+        const int t0 = v == 2 ? n_tok - 1 : 0, nt = v == 2 ? 1 : n_tok;
+        struct strata_k_norm_q8 fn = {dnw, 1e-6f, dy, q8 ? dq : NULL};
+        if (!rc && v == 0)
+            rc = strata_k_quantize_q8(&ctx, dx, n, n, n_tok, 1, dnw, 1e-6f, dy, dq, &err);
+        if (!rc)
+            rc = strata_k_moe_router_topk(&ctx, &kw, (v ? dx : dy) + (size_t)t0 * n, nt, dl, dc, k,
+                                          1, 1.0f, di, dwt, v ? &fn : NULL, &err);
+        KT_CUDA(cudaDeviceSynchronize());
+        kt_down(y[v], dy, 4 * nx);
+        kt_down(q[v], dq, rb * n_tok);
+        kt_down(lg[v], dl, 4 * nl);
+        kt_down(gw[v], dwt, sizeof(float) * n_tok * k);
+        kt_down(gi[v], di, sizeof(int32_t) * n_tok * k);
+    }
+    int cnt = -1;
+    kt_down(&cnt, dc, sizeof(int));
+    const size_t last = (size_t)(n_tok - 1);
+    int same_y = !rc && memcmp(y[0], y[1], 4 * nx) == 0;
+    int same_q = !rc && (!q8 || memcmp(q[0], q[1], rb * n_tok) == 0);
+    int same_l = !rc && memcmp(lg[0], lg[1], 4 * nl) == 0;
+    int same_r = !rc && memcmp(gi[0], gi[1], sizeof(int32_t) * n_tok * k) == 0 &&
+                 memcmp(gw[0], gw[1], sizeof(float) * n_tok * k) == 0;
+    int inv = !rc && memcmp(lg[2], lg[0] + last * n_expert, sizeof(float) * n_expert) == 0 &&
+              memcmp(y[2], y[0] + last * n, sizeof(float) * n) == 0 &&
+              (!q8 || memcmp(q[2], q[0] + last * rb, rb) == 0);
+    ok(same_y && same_q && same_l && same_r && inv && cnt == 0,
+       "moe_router_topk with ffn_norm n_tok=%d n_expert=%d n=%d k=%d q8=%d: normed rows %s, q8 "
+       "%s, logits %s, routing %s, the last token alone %s, counter %d %s", n_tok, n_expert, n,
+       k, q8, same_y ? "equal" : "differ", same_q ? "equal" : "differ",
+       same_l ? "equal" : "differ", same_r ? "equal" : "differs", inv ? "the same bits" : "other bits",
+       cnt, rc ? err.msg : "");
+    if (!rc && !same_y)
+        for (size_t i = 0; i < nx; i++)
+            if (memcmp(&y[0][i], &y[1][i], 4)) {
+                diag("  value %zu: %a fused, %a two launches", i, y[1][i], y[0][i]);
+                break;
+            }
+    cudaFree(dw); cudaFree(dx); cudaFree(dnw); cudaFree(dy); cudaFree(dl); cudaFree(dwt);
+    cudaFree(di); cudaFree(dq); cudaFree(dc);
+    for (int v = 0; v < 3; v++) {
+        free(y[v]); free(lg[v]); free(gw[v]); free(gi[v]); free(q[v]);
+    }
+    free(w); free(x); free(nw);
+}
+
 static void test_q8(void)
 {
     test_router_topk(1, 128, 2048, 8, 1);
     test_router_topk(17, 60, 100, 6, 0);
     test_router_topk(3, 1000, 64, 32, 1);
     test_router_topk(5, 128, 4352, 8, 1); /* rows longer than the loads before the wait */
+    test_router_norm(1, 128, 2048, 8, 1);   /* Qwen3-30B-A3B's decode */
+    test_router_norm(17, 128, 2048, 8, 1);  /* a verify window */
+    test_router_norm(2, 24, 4640, 4, 1);    /* past the loads before the wait; 145 q8 blocks */
+    test_router_norm(3, 64, 2880, 4, 1);    /* gpt-oss's n_embd: a warp half past the row */
+    test_router_norm(2, 128, 2048, 8, 0);   /* float rows only (no 8-bit products after) */
+    test_router_norm(4, 256, 7168, 8, 1);   /* DeepSeek-V3's */
     {
         struct strata_err err = {0, ""};
         struct strata_k_weight kw = {STRATA_TYPE_F32, 64, 8, 256, 0, NULL};
         int rc = strata_k_moe_router_topk(&ctx, &kw, NULL, 65, NULL, NULL, 2, 1, 1.0f, NULL,
-                                          NULL, &err);
+                                          NULL, NULL, &err);
         ok(rc == STRATA_E_INVALID, "moe_router_topk refuses 65 tokens: %s", err.msg);
     }
     test_quantize_q8(2048, 3, 1, 1);
@@ -766,6 +861,14 @@ static void test_q8(void)
     test_matvec_q8_stage(STRATA_TYPE_Q6_K, 2048, 16411, 1, 3, 1);
     test_matvec_q8_stage(STRATA_TYPE_Q6_K, 2048, 16389, 3, 5, 2);
     test_matvec_q8_stage(STRATA_TYPE_Q8_0, 512, 16390, 2, 17, 1);
+    /* the streamed kernel: Qwen3's output shape, a window's 17 slots, every type, fewer
+     * rows than one chunk, a last chunk cut short, rows not 16-byte multiples */
+    test_matvec_q8_stage(STRATA_TYPE_Q6_K, 2048, 151936, 1, 1, 1);
+    test_matvec_q8_stage(STRATA_TYPE_Q6_K, 2048, 20011, 1, 17, 1);
+    test_matvec_q8_stage(STRATA_TYPE_Q4_K, 4096, 16387, 1, 3, 1);
+    test_matvec_q8_stage(STRATA_TYPE_Q5_K, 1024, 40, 1, 2, 1);
+    test_matvec_q8_stage(STRATA_TYPE_Q8_0, 7168, 16405, 1, 4, 2);
+    test_matvec_q8_stage(STRATA_TYPE_Q6_K, 7168, 777, 1, 5, 1);
     /* with the following RMSNorm fused (attn_output, the experts' down projections) */
     test_matvec_q8(STRATA_TYPE_Q4_K, 4096, 2048, 1, 3, 1, 1, STRATA_K_MVQ_PLAIN, 1, 0, 1);
     test_matvec_q8(STRATA_TYPE_Q6_K, 768, 2048, 16, 2, 1, 8, STRATA_K_MVQ_COMBINE, 1, 0, 1);
