@@ -250,37 +250,115 @@ static __device__ __forceinline__ void mvq_copy_wait1(void)
 #endif
 }
 
-/* chunk c's bytes [c * cb, min((c + 1) * cb, total)) into dst; total % 2 == 0, cb % 16 ==
+/* chunk c's bytes [c * ck, min((c + 1) * ck, total)) into dst; total % 2 == 0, ck % 16 ==
  * 0; a last piece under 16 bytes by 2-byte loads */
 static __device__ __forceinline__ void mvq_chunk_copy(uint8_t *dst, const uint8_t *w, int c,
-                                                      size_t cb, size_t total)
+                                                      size_t ck, size_t total)
 {
-    const size_t off = (size_t)c * cb;
-    const size_t len = min(cb, total - off), n16 = len / 16;
+    const size_t off = (size_t)c * ck;
+    const size_t len = min(ck, total - off), n16 = len / 16;
     for (size_t i = threadIdx.x; i < n16; i += blockDim.x)
         mvq_copy16(dst + 16 * i, w + off + 16 * i);
     for (size_t i = 16 * n16 + 2 * threadIdx.x; i < len; i += 2 * blockDim.x)
         *(uint16_t *)(dst + i) = *(const uint16_t *)(w + off + i);
 }
 
-template <int T>
-__global__ void __launch_bounds__(256) mvq_stream_kernel(struct mvq_params p, int n_slot,
-                                                         int n_chunk, size_t cb)
+/* Q6_K rows in a stream buffer, 32 lanes a row: mvq<KT_Q6_K>::dot's sums for units u = gl
+ * + 32 k, with the row's bytes read as aligned 32-bit words of shared memory.  A lane's
+ * units keep their place in the super-block (ip, l0), and super-block u / 8 advances by
+ * 4 (840 bytes) a step, so every word a unit needs is at a constant offset from the
+ * block's first word and off by the same two bytes (sh) for all of them: one funnel
+ * shift a value, no pointer arithmetic.  Same integers, same float operations in the
+ * same order as the generic dot: the same bits.  Reads up to 2 bytes past a row's last
+ * block (the buffers are padded). */
+static __device__ __forceinline__ uint32_t q6_fs(uint32_t lo, uint32_t hi, int sh)
+{
+    return (uint32_t)((((uint64_t)hi << 32) | lo) >> sh);
+}
+
+template <int R>
+static __device__ __forceinline__ void q6k_sums_words(const uint8_t *buf, const size_t *roff,
+                                                      int gl, int nu, const uint8_t *xr,
+                                                      float *acc)
+{
+    const int8_t *xq = (const int8_t *)xr;
+    const float *xd = (const float *)(xr + 32 * nu);
+    const uint32_t *W = (const uint32_t *)buf;
+    const int ip = (gl >> 2) & 1, l0 = 8 * (gl & 3), is = l0 >> 4;
+    const int qo = (64 * ip + l0) / 4, ho = (128 + 32 * ip + l0) / 4, so = (192 + 8 * ip) / 4;
+    int wb[R], sh[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int off = (int)roff[r] + (gl >> 3) * 210;
+        wb[r] = off >> 2;
+        sh[r] = (off & 2) * 8;
+    }
+    const uint32_t k4 = 0x0F0F0F0F, k2 = 0x03030303;
+    for (int u = gl; u < nu; u += 32) {
+        const int sbk = u >> 3;
+        const int8_t *xb = xq + sbk * 256 + 128 * ip + l0;
+        int2 xv[4];
+        int xs[4];
+        float xdv[4];
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            xv[s] = *(const int2 *)(xb + 32 * s);
+            xs[s] = -32 * strata_dp4a(0x01010101, xv[s].x, strata_dp4a(0x01010101, xv[s].y, 0));
+            xdv[s] = xd[sbk * 8 + 4 * ip + s];
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const uint32_t *w = W + wb[r];
+            const int h = sh[r];
+            const uint32_t q0 = w[qo], q1 = w[qo + 1], q2 = w[qo + 2];
+            const uint32_t p0 = w[qo + 8], p1 = w[qo + 9], p2 = w[qo + 10];
+            const uint32_t g0 = w[ho], g1 = w[ho + 1], g2 = w[ho + 2];
+            const uint32_t t0 = w[so], t1 = w[so + 1], t2 = w[so + 2];
+            const uint32_t a0 = q6_fs(q0, q1, h), a1 = q6_fs(q1, q2, h);
+            const uint32_t c0 = q6_fs(p0, p1, h), c1 = q6_fs(p1, p2, h);
+            const uint32_t h0 = q6_fs(g0, g1, h), h1 = q6_fs(g1, g2, h);
+            const uint32_t S0 = q6_fs(t0, t1, h), S1 = q6_fs(t1, t2, h);
+            /* d: bytes 208-209 of the block: the low half of word 52, or its high half
+             * when the block starts two bytes into a word */
+            const uint32_t dw = w[52] >> h;
+            float a = 0.0f;
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                uint32_t lo0 = s & 1 ? c0 : a0, lo1 = s & 1 ? c1 : a1;
+                int shl = 4 * (s >> 1), shh = 2 * s;
+                int v0 = (int)(((lo0 >> shl) & k4) | (((h0 >> shh) & k2) << 4));
+                int v1 = (int)(((lo1 >> shl) & k4) | (((h1 >> shh) & k2) << 4));
+                int dt = strata_dp4a(v0, xv[s].x, strata_dp4a(v1, xv[s].y, xs[s]));
+                const int j = 2 * s + is;
+                int sc = (int)(int8_t)((j < 4 ? S0 : S1) >> (8 * (j & 3)));
+                a += xdv[s] * (float)(sc * dt);
+            }
+            acc[r] += __half2float(__ushort_as_half((unsigned short)(dw & 0xffff))) * a;
+            wb[r] += 210;
+        }
+    }
+}
+
+template <int T, int TPR>
+__global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p, int n_slot,
+                                                            int n_chunk, size_t ck, size_t cb)
 {
     extern __shared__ __align__(16) uint8_t mvq_sbuf[];
-    const int tpr = p.tpr, gl = threadIdx.x % tpr, grp = threadIdx.x / tpr;
+    /* TPR (32, the output projection's) known when compiling: a lane's units then keep
+     * their place in the super-block, and their offsets reduce to constants */
+    const int tpr = TPR ? TPR : p.tpr, gl = threadIdx.x % tpr, grp = threadIdx.x / tpr;
     const int rows = (int)(blockDim.x / tpr) * 2;
     const size_t total = (size_t)p.ne1 * p.nb1;
     int c = blockIdx.x, buf = 0;
     if (c < n_chunk)
-        mvq_chunk_copy(mvq_sbuf, p.w, c, cb, total);
+        mvq_chunk_copy(mvq_sbuf, p.w, c, ck, total);
     mvq_copy_commit();
     strata_pdl_wait();
     strata_pdl_trigger();
     size_t roff[2] = {(size_t)(2 * grp) * p.nb1, (size_t)(2 * grp + 1) * p.nb1};
     for (; c < n_chunk; c += gridDim.x, buf ^= 1) {
         if (c + (int)gridDim.x < n_chunk)
-            mvq_chunk_copy(mvq_sbuf + (buf ^ 1) * cb, p.w, c + gridDim.x, cb, total);
+            mvq_chunk_copy(mvq_sbuf + (buf ^ 1) * cb, p.w, c + gridDim.x, ck, total);
         mvq_copy_commit();
         mvq_copy_wait1();
         __syncthreads();
@@ -288,8 +366,11 @@ __global__ void __launch_bounds__(256) mvq_stream_kernel(struct mvq_params p, in
         const int r0 = c * rows + 2 * grp;
         for (int s = 0; s < n_slot; s++) {
             float acc[2] = {0.0f, 0.0f}, acc2[2];
-            mvq_lane_sums<T, 2, false>(wb, NULL, roff, gl, tpr, p.nu,
-                                       p.xq + (size_t)(s / p.x_group) * p.xq_row, acc, acc2);
+            const uint8_t *xr = p.xq + (size_t)(s / p.x_group) * p.xq_row;
+            if (T == KT_Q6_K && TPR == 32)
+                q6k_sums_words<2>(wb, roff, gl, p.nu, xr, acc);
+            else
+                mvq_lane_sums<T, 2, false>(wb, NULL, roff, gl, tpr, p.nu, xr, acc, acc2);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const float a = mvq_group_sum(acc[r], tpr);
@@ -303,12 +384,14 @@ __global__ void __launch_bounds__(256) mvq_stream_kernel(struct mvq_params p, in
 }
 
 /* Threads of a stream block for rows of nb1 bytes with tpr lanes a row (each chunk
- * buffer <= MVQ_STREAM_CHUNK_MAX), or 0 when even two warps' chunk is too large. */
+ * <= MVQ_STREAM_CHUNK_MAX bytes, a multiple of 16), or 0 when no block size fits. */
 static int mvq_stream_threads(size_t nb1, int tpr)
 {
-    for (int th = 256; th >= 64; th /= 2)
-        if ((size_t)(th / tpr) * 2 * nb1 <= MVQ_STREAM_CHUNK_MAX)
-            return th;
+    for (int th = 256; th >= 64; th /= 2) {
+        const size_t ck = (size_t)(th / tpr) * 2 * nb1;
+        if (ck <= MVQ_STREAM_CHUNK_MAX)
+            return ck % 16 ? 0 : th; /* chunks start on 16 bytes (cp.async) */
+    }
     return 0;
 }
 
@@ -323,23 +406,24 @@ static int mvq_stream_on(void)
     return on;
 }
 
-/* Launch mvq_stream_kernel<T> with threads threads a block and as many blocks as the
+/* Launch mvq_stream_kernel<T, TPR> with threads threads a block and as many blocks as the
  * device holds at once.  *done = 0 (and 0 returned) when the device cannot run it with
  * that shared memory: the caller launches mvq_kernel instead. */
-template <int T>
-static int mvq_stream_launch(struct strata_gpu_ctx *ctx, const struct mvq_params &p,
-                             int n_slot, int threads, int *done, struct strata_err *err)
+template <int T, int TPR>
+static int mvq_stream_launch_t(struct strata_gpu_ctx *ctx, const struct mvq_params &p,
+                               int n_slot, int threads, int *done, struct strata_err *err)
 {
     /* the shared-memory limit raised and the occupancy asked once per shape */
     static size_t smem_set;
     static int last_threads, last_per;
     static size_t last_smem;
     const int rows = threads / p.tpr * 2;
-    const size_t cb = (size_t)rows * p.nb1, smem = 2 * cb;
+    /* each buffer padded by 16 bytes (q6k_sums_words reads 2 past a row's end) */
+    const size_t ck = (size_t)rows * p.nb1, cb = ck + 16, smem = 2 * cb;
     const int n_chunk = (int)((p.ne1 + rows - 1) / rows);
     *done = 0;
     if (smem > 48 * 1024 && smem > smem_set) {
-        if (cudaFuncSetAttribute(reinterpret_cast<const void *>(mvq_stream_kernel<T>),
+        if (cudaFuncSetAttribute(reinterpret_cast<const void *>(mvq_stream_kernel<T, TPR>),
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem) != cudaSuccess) {
             (void)cudaGetLastError();
@@ -350,7 +434,7 @@ static int mvq_stream_launch(struct strata_gpu_ctx *ctx, const struct mvq_params
     if (threads != last_threads || smem != last_smem) {
         int per = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &per, reinterpret_cast<const void *>(mvq_stream_kernel<T>), threads, smem) !=
+                &per, reinterpret_cast<const void *>(mvq_stream_kernel<T, TPR>), threads, smem) !=
             cudaSuccess)
             (void)cudaGetLastError();
         last_threads = threads;
@@ -363,11 +447,20 @@ static int mvq_stream_launch(struct strata_gpu_ctx *ctx, const struct mvq_params
     if (blocks > n_chunk)
         blocks = n_chunk;
     dim3 grid((unsigned)blocks), block((unsigned)threads);
-    strata_k_launch_smem(ctx, mvq_stream_kernel<T>, grid, block, smem, p, n_slot, n_chunk, cb);
+    strata_k_launch_smem(ctx, mvq_stream_kernel<T, TPR>, grid, block, smem, p, n_slot, n_chunk,
+                         ck, cb);
     *done = 1;
     return strata_k_check(ctx, "mvq_stream_kernel", grid, block, err,
                           "type %u ne1=%d n_slot=%d tpr=%d rows=%d smem=%zu", (unsigned)T, p.ne1,
                           n_slot, p.tpr, rows, smem);
+}
+
+template <int T>
+static int mvq_stream_launch(struct strata_gpu_ctx *ctx, const struct mvq_params &p,
+                             int n_slot, int threads, int *done, struct strata_err *err)
+{
+    return p.tpr == 32 ? mvq_stream_launch_t<T, 32>(ctx, p, n_slot, threads, done, err)
+                       : mvq_stream_launch_t<T, 0>(ctx, p, n_slot, threads, done, err);
 }
 
 static int mvq_tpr_cap = 32; /* strata_k_mvq_set_tpr_cap */

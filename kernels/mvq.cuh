@@ -128,12 +128,6 @@ static __device__ __forceinline__ uint32_t ld4_a2(const uint8_t *p)
     return (uint32_t)((((uint64_t)a[1] << 32) | a[0]) >> sh);
 }
 
-/* Per-byte q - 32 for bytes q in 0..63, as signed bytes (no borrow across bytes). */
-static __device__ __forceinline__ int sub32(uint32_t q)
-{
-    return (int)(((q | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
-}
-
 template <int T> struct mvq;
 
 template <> struct mvq<KT_Q4_K> {
@@ -234,10 +228,13 @@ template <> struct mvq<KT_Q6_K> {
         for (int s = 0; s < 4; s++) {
             uint32_t lo0 = s & 1 ? c0 : a0, lo1 = s & 1 ? c1 : a1;
             int shl = 4 * (s >> 1), shh = 2 * s;
-            int v0 = sub32(((lo0 >> shl) & k4) | (((h0 >> shh) & k2) << 4));
-            int v1 = sub32(((lo1 >> shl) & k4) | (((h1 >> shh) & k2) << 4));
+            /* the 6-bit quants q as bytes 0..63: sum (q - 32) x = sum q x - 32 sum x, the
+             * same integer (the x sum is shared by every row the lane does) */
+            int v0 = (int)(((lo0 >> shl) & k4) | (((h0 >> shh) & k2) << 4));
+            int v1 = (int)(((lo1 >> shl) & k4) | (((h1 >> shh) & k2) << 4));
             int2 xv = *(const int2 *)(xb + 32 * s);
-            int dt = strata_dp4a(v0, xv.x, strata_dp4a(v1, xv.y, 0));
+            int xs = strata_dp4a(0x01010101, xv.x, strata_dp4a(0x01010101, xv.y, 0));
+            int dt = strata_dp4a(v0, xv.x, strata_dp4a(v1, xv.y, -32 * xs));
             int sc = (int)(int8_t)(ld16(scp + 2 * s) >> is8);
             acc += xd[(u >> 3) * 8 + 4 * ip + s] * (float)(sc * dt);
         }

@@ -869,6 +869,8 @@ static void test_q8(void)
     test_matvec_q8_stage(STRATA_TYPE_Q5_K, 1024, 40, 1, 2, 1);
     test_matvec_q8_stage(STRATA_TYPE_Q8_0, 7168, 16405, 1, 4, 2);
     test_matvec_q8_stage(STRATA_TYPE_Q6_K, 7168, 777, 1, 5, 1);
+    test_matvec_q8_stage(STRATA_TYPE_Q6_K, 2304, 16411, 1, 3, 1); /* rows of 9 super-blocks:
+                                                                     every other row 2 bytes off */
     /* with the following RMSNorm fused (attn_output, the experts' down projections) */
     test_matvec_q8(STRATA_TYPE_Q4_K, 4096, 2048, 1, 3, 1, 1, STRATA_K_MVQ_PLAIN, 1, 0, 1);
     test_matvec_q8(STRATA_TYPE_Q6_K, 768, 2048, 16, 2, 1, 8, STRATA_K_MVQ_COMBINE, 1, 0, 1);
