@@ -90,6 +90,9 @@ struct gpu_state {
      * ffn_norm (RMSNorm and 8-bit rows) computed by the router's blocks, not launched
      * before it: one launch fewer per MoE layer, the same bits */
     int norm_route;
+    /* norm_mv (default; STRATA_NO_NORM_MV=1 turns it off): attn_norm and output_norm
+     * computed by the blocks of the streamed q8 product that reads them (same bits) */
+    int norm_mv;
     /* [2 * MATVEC_MAX] counters of the last-block epilogues: the RMSNorm fused into a
      * mat-vec, then the routing fused into the router */
     int *norm_cnt;
@@ -887,6 +890,7 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         s->blas_f32 = !env_on("STRATA_NO_BLAS_F32");
         s->fuse_route = s->fuse || !env_on("STRATA_NO_FUSE_ROUTE");
         s->norm_route = !env_on("STRATA_NO_NORM_ROUTE");
+        s->norm_mv = !env_on("STRATA_NO_NORM_MV");
         s->attn_q8 = !env_on("STRATA_NO_ATTQ");
         s->att_split_keys = env_on("STRATA_ATT_LONG_SPLITS") ? 0 : 32;
         s->pin_in = !env_on("STRATA_NO_PIN_IN");
@@ -1267,14 +1271,22 @@ static int norm_rows(struct gpu_state *s, const float *x, const float *w, int n,
 }
 
 /* proj on the normed rows: from s->xq when w takes 8-bit activations (and norm_rows
- * wrote them), else from s->xn. */
-static int proj_n(struct gpu_state *s, const struct strata_k_weight *w, int n, float *y,
-                  int64_t y_stride, const float *add, struct strata_err *err)
+ * wrote them), else from s->xn.  nn (or NULL): the rows are x_in, normed by this launch
+ * (strata_k_mvq_args.in_norm; w must take 8-bit activations), which also leaves them in
+ * s->xn and s->xq. */
+static int proj_nn(struct gpu_state *s, const struct strata_k_weight *w, int n, float *y,
+                   int64_t y_stride, const float *add, const float *x_in, const float *nw,
+                   struct strata_err *err)
 {
     if (!mvq_ok(s, w, n))
         return proj(s, w, s->xn, s->n_embd, n, y, y_stride, add, err);
     struct strata_k_mvq_args a;
+    struct strata_k_norm_q8 nn = {nw, s->eps, s->xn, s->xq};
     memset(&a, 0, sizeof(a));
+    if (nw) {
+        a.x_in = x_in;
+        a.in_norm = &nn;
+    }
     a.w = w;
     a.mode = STRATA_K_MVQ_PLAIN;
     a.n_slot = n;
@@ -1284,6 +1296,12 @@ static int proj_n(struct gpu_state *s, const struct strata_k_weight *w, int n, f
     a.y_stride = y_stride;
     a.add = add;
     return strata_k_matvec_q8(&s->ctx, &a, err);
+}
+
+static int proj_n(struct gpu_state *s, const struct strata_k_weight *w, int n, float *y,
+                  int64_t y_stride, const float *add, struct strata_err *err)
+{
+    return proj_nn(s, w, n, y, y_stride, add, NULL, NULL, err);
 }
 
 /* Fuse the RMSNorm (weight nw) of the rows a mat-vec adds into s->x: the last block of
@@ -1380,17 +1398,22 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
         /* q, k, v of token t: row t of [n, n_q + 2 n_kv] */
         const int qs = s->n_q + 2 * s->n_kv;
         float *q = s->q, *k = s->q + s->n_q, *v = k + s->n_kv;
-        if (!normed && OP("attn_norm", norm_rows(s, s->x, D->attn_norm, n,
-                                                 mvq_ok(s, D->n_qkv ? &D->wqkv : &D->wq, n) ||
-                                                     mvq_ok(s, &D->wk, n) ||
+        /* the attn_norm inside the first q8 product's launch (it leaves s->xn and s->xq
+         * for the products after it) */
+        const struct strata_k_weight *w1 = D->n_qkv ? &D->wqkv : &D->wq;
+        const float *an = !normed && s->norm_mv && mvq_ok(s, w1, n) ? D->attn_norm : NULL;
+        if (!normed && !an && OP("attn_norm", norm_rows(s, s->x, D->attn_norm, n,
+                                                 mvq_ok(s, w1, n) || mvq_ok(s, &D->wk, n) ||
                                                      mvq_ok(s, &D->wv, n),
                                                  err)))
             goto fail;
         normed = 0;
         if (D->n_qkv) {
-            if (OP("attn_qkv", proj_n(s, &D->wqkv, n, q, qs, NULL, err)))
+            if (OP(an ? "attn_norm_qkv" : "attn_qkv",
+                   proj_nn(s, &D->wqkv, n, q, qs, NULL, s->x, an, err)))
                 goto fail;
-        } else if (OP("attn_q", proj_n(s, &D->wq, n, q, qs, NULL, err)) ||
+        } else if (OP(an ? "attn_norm_q" : "attn_q",
+                      proj_nn(s, &D->wq, n, q, qs, NULL, s->x, an, err)) ||
                    OP("attn_k", proj_n(s, &D->wk, n, k, qs, NULL, err)))
             goto fail;
         if (D->n_qkv < 3 && OP("attn_v", proj_n(s, &D->wv, n, v, qs, NULL, err)))
@@ -1523,9 +1546,13 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
     if (want_logits) {
         int first = all ? 0 : n - 1, cnt = all ? n : 1;
         const float *xr = s->x + (int64_t)first * E;
-        if ((!normed && OP("output_norm", norm_rows(s, xr, s->output_norm, cnt,
-                                                    mvq_ok(s, &s->output, cnt), err))) ||
-            OP("output", proj_n(s, &s->output, cnt, s->logits, s->n_vocab, NULL, err)))
+        const float *on =
+            !normed && s->norm_mv && mvq_ok(s, &s->output, cnt) ? s->output_norm : NULL;
+        if ((!normed && !on &&
+             OP("output_norm", norm_rows(s, xr, s->output_norm, cnt,
+                                         mvq_ok(s, &s->output, cnt), err))) ||
+            OP(on ? "output_norm_output" : "output",
+               proj_nn(s, &s->output, cnt, s->logits, s->n_vocab, NULL, xr, on, err)))
             return strata_err_wrap(err, "output: ");
     }
     prof_mark(s, "end");

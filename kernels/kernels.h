@@ -186,6 +186,16 @@ int strata_k_quantize_q8(struct strata_gpu_ctx *ctx, const float *x, int64_t x_s
 /* 1 if strata_k_matvec_q8 takes weights of this GGUF type (Q4_K, Q5_K, Q6_K, Q8_0). */
 int strata_k_matvec_q8_supported(uint32_t type);
 
+/* An RMSNorm fused into the kernel that reads its rows: weight w [n], eps, and the
+ * normed rows written as floats y [n_tok, n] (or NULL) and q8 rows yq (or NULL; rows of
+ * strata_k_q8_row_bytes(n)), the bits strata_k_quantize_q8 (norm on) writes. */
+struct strata_k_norm_q8 {
+    const float *w;
+    float eps;
+    float *y;
+    void *yq;
+};
+
 /* Mat-vec products of quantised weights with q8 activations: integer dot products of
  * 32-value blocks (dp4a), scaled once per block.
  *
@@ -241,6 +251,14 @@ struct strata_k_mvq_args {
      * STRATA_NO_MVQ_STREAM=1, else staged where it applies unless STRATA_NO_MVQ_STAGE=1.
      * The results are the same bits whichever way. */
     int stage;
+    /* PLAIN without ids (or NULL): the activations are x_in (n_slot rows of ne0 floats,
+     * row stride ne0) normed with in_norm->w and in_norm->eps, computed by every block
+     * of a streamed launch into its shared memory (the bits strata_k_quantize_q8 writes;
+     * block 0 also writes them to in_norm->y and in_norm->yq for later readers), so that
+     * no norm launch precedes the product; xq is then not read.  Where the streamed
+     * kernel does not apply, strata_k_quantize_q8 runs first (same bits). */
+    const float *x_in;
+    const struct strata_k_norm_q8 *in_norm;
 };
 int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_args *a,
                        struct strata_err *err);
@@ -347,16 +365,6 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
 int strata_k_moe_route(struct strata_gpu_ctx *ctx, const float *logits, int n_tok,
                        int n_expert, int k, int norm, float scale, int32_t *ids, float *w,
                        struct strata_err *err);
-
-/* An RMSNorm fused into the kernel that reads its rows: weight w [n], eps, and the
- * normed rows written as floats y [n_tok, n] (or NULL) and q8 rows yq (or NULL; rows of
- * strata_k_q8_row_bytes(n)), the bits strata_k_quantize_q8 (norm on) writes. */
-struct strata_k_norm_q8 {
-    const float *w;
-    float eps;
-    float *y;
-    void *yq;
-};
 
 /* The router and strata_k_moe_route in one launch, for decode-sized batches: logits
  * [n_tok, n_expert] = x [n_tok, n] (row stride n) times the F32 router rw [n_expert rows

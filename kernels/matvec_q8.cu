@@ -83,6 +83,11 @@ struct mvq_params {
     float *ny;
     uint8_t *nyq;
     int *counter;
+    /* the input RMSNorm of a streamed launch (strata_k_mvq_args.x_in, .in_norm) */
+    const float *xin, *inw;
+    float ineps;
+    float *iny;
+    uint8_t *inyq;
 };
 
 /* MODE: STRATA_K_MVQ_*; R rows per row group.  STAGE (PLAIN only): the activation row
@@ -339,11 +344,13 @@ static __device__ __forceinline__ void q6k_sums_words(const uint8_t *buf, const 
     }
 }
 
-template <int T, int TPR>
+template <int T, int TPR, bool NORM>
 __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p, int n_slot,
                                                             int n_chunk, size_t ck, size_t cb)
 {
-    extern __shared__ __align__(16) uint8_t mvq_sbuf[];
+    /* NORM: the slots' q8 rows first (n_slot * xq_row bytes), then the two buffers */
+    extern __shared__ __align__(16) uint8_t mvq_smem[];
+    uint8_t *mvq_sbuf = mvq_smem + (NORM ? (size_t)n_slot * p.xq_row : 0);
     /* TPR (32, the output projection's) known when compiling: a lane's units then keep
      * their place in the super-block, and their offsets reduce to constants */
     const int tpr = TPR ? TPR : p.tpr, gl = threadIdx.x % tpr, grp = threadIdx.x / tpr;
@@ -353,8 +360,25 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
     if (c < n_chunk)
         mvq_chunk_copy(mvq_sbuf, p.w, c, ck, total);
     mvq_copy_commit();
+    if (NORM) /* the norm weights do not depend on the kernel before either */
+        for (int i = 32 * threadIdx.x; i < 32 * p.nu; i += 32 * blockDim.x)
+            strata_prefetch_l2(p.inw + i);
     strata_pdl_wait();
     strata_pdl_trigger();
+    if (NORM) {
+        /* every block normalises the rows itself (blockDim 256: quantize_q8_kernel's
+         * order, so its bits); block 0 also leaves them in global memory */
+        __shared__ float scratch[STRATA_GPU_MAX_WARP];
+        const int ne0 = 32 * p.nu;
+        for (int s = 0; s < n_slot; s++)
+            norm_q8_row<false>(p.xin + (int64_t)s * ne0, ne0, 1, p.inw, p.ineps,
+                               blockIdx.x == 0 && p.iny ? p.iny + (int64_t)s * ne0 : NULL,
+                               mvq_smem + (size_t)s * p.xq_row, scratch);
+        __syncthreads();
+        if (blockIdx.x == 0 && p.inyq)
+            for (size_t i = threadIdx.x; i < (size_t)n_slot * p.xq_row / 16; i += blockDim.x)
+                ((uint4 *)p.inyq)[i] = ((const uint4 *)mvq_smem)[i];
+    }
     size_t roff[2] = {(size_t)(2 * grp) * p.nb1, (size_t)(2 * grp + 1) * p.nb1};
     for (; c < n_chunk; c += gridDim.x, buf ^= 1) {
         if (c + (int)gridDim.x < n_chunk)
@@ -366,7 +390,7 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
         const int r0 = c * rows + 2 * grp;
         for (int s = 0; s < n_slot; s++) {
             float acc[2] = {0.0f, 0.0f}, acc2[2];
-            const uint8_t *xr = p.xq + (size_t)(s / p.x_group) * p.xq_row;
+            const uint8_t *xr = (NORM ? mvq_smem : p.xq) + (size_t)(s / p.x_group) * p.xq_row;
             if (T == KT_Q6_K && TPR == 32)
                 q6k_sums_words<2>(wb, roff, gl, p.nu, xr, acc);
             else
@@ -406,10 +430,10 @@ static int mvq_stream_on(void)
     return on;
 }
 
-/* Launch mvq_stream_kernel<T, TPR> with threads threads a block and as many blocks as the
+/* Launch mvq_stream_kernel<T, TPR, NORM> with threads threads a block and as many blocks as the
  * device holds at once.  *done = 0 (and 0 returned) when the device cannot run it with
  * that shared memory: the caller launches mvq_kernel instead. */
-template <int T, int TPR>
+template <int T, int TPR, bool NORM>
 static int mvq_stream_launch_t(struct strata_gpu_ctx *ctx, const struct mvq_params &p,
                                int n_slot, int threads, int *done, struct strata_err *err)
 {
@@ -419,11 +443,12 @@ static int mvq_stream_launch_t(struct strata_gpu_ctx *ctx, const struct mvq_para
     static size_t last_smem;
     const int rows = threads / p.tpr * 2;
     /* each buffer padded by 16 bytes (q6k_sums_words reads 2 past a row's end) */
-    const size_t ck = (size_t)rows * p.nb1, cb = ck + 16, smem = 2 * cb;
+    const size_t ck = (size_t)rows * p.nb1, cb = ck + 16;
+    const size_t smem = 2 * cb + (NORM ? (size_t)n_slot * p.xq_row : 0);
     const int n_chunk = (int)((p.ne1 + rows - 1) / rows);
     *done = 0;
     if (smem > 48 * 1024 && smem > smem_set) {
-        if (cudaFuncSetAttribute(reinterpret_cast<const void *>(mvq_stream_kernel<T, TPR>),
+        if (cudaFuncSetAttribute(reinterpret_cast<const void *>(mvq_stream_kernel<T, TPR, NORM>),
                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)smem) != cudaSuccess) {
             (void)cudaGetLastError();
@@ -434,7 +459,7 @@ static int mvq_stream_launch_t(struct strata_gpu_ctx *ctx, const struct mvq_para
     if (threads != last_threads || smem != last_smem) {
         int per = 0;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &per, reinterpret_cast<const void *>(mvq_stream_kernel<T, TPR>), threads, smem) !=
+                &per, reinterpret_cast<const void *>(mvq_stream_kernel<T, TPR, NORM>), threads, smem) !=
             cudaSuccess)
             (void)cudaGetLastError();
         last_threads = threads;
@@ -447,7 +472,7 @@ static int mvq_stream_launch_t(struct strata_gpu_ctx *ctx, const struct mvq_para
     if (blocks > n_chunk)
         blocks = n_chunk;
     dim3 grid((unsigned)blocks), block((unsigned)threads);
-    strata_k_launch_smem(ctx, mvq_stream_kernel<T, TPR>, grid, block, smem, p, n_slot, n_chunk,
+    strata_k_launch_smem(ctx, mvq_stream_kernel<T, TPR, NORM>, grid, block, smem, p, n_slot, n_chunk,
                          ck, cb);
     *done = 1;
     return strata_k_check(ctx, "mvq_stream_kernel", grid, block, err,
@@ -459,8 +484,11 @@ template <int T>
 static int mvq_stream_launch(struct strata_gpu_ctx *ctx, const struct mvq_params &p,
                              int n_slot, int threads, int *done, struct strata_err *err)
 {
-    return p.tpr == 32 ? mvq_stream_launch_t<T, 32>(ctx, p, n_slot, threads, done, err)
-                       : mvq_stream_launch_t<T, 0>(ctx, p, n_slot, threads, done, err);
+    if (p.xin)
+        return p.tpr == 32 ? mvq_stream_launch_t<T, 32, true>(ctx, p, n_slot, threads, done, err)
+                           : mvq_stream_launch_t<T, 0, true>(ctx, p, n_slot, threads, done, err);
+    return p.tpr == 32 ? mvq_stream_launch_t<T, 32, false>(ctx, p, n_slot, threads, done, err)
+                       : mvq_stream_launch_t<T, 0, false>(ctx, p, n_slot, threads, done, err);
 }
 
 static int mvq_tpr_cap = 32; /* strata_k_mvq_set_tpr_cap */
@@ -569,6 +597,11 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     p.ny = a->ny;
     p.nyq = (uint8_t *)a->nyq;
     p.counter = mode == STRATA_K_MVQ_GLU ? NULL : a->counter;
+    p.xin = NULL;
+    p.inw = NULL;
+    p.ineps = 0.0f;
+    p.iny = NULL;
+    p.inyq = NULL;
     p.tpr = strata_k_mvq_tpr(p.nu, p.k);
     /* two rows per group share the activation loads of large matrices */
     int R = mode == STRATA_K_MVQ_GLU ? 2 : mode == STRATA_K_MVQ_PLAIN && w->ne1 >= 16384 ? 2 : 1;
@@ -580,11 +613,37 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
                       !(w->nb1 & 15) && !(w->nb2 & 15) && !((uintptr_t)w->data & 15) &&
                       p.xq_row + (size_t)rows * w->nb1 <= MVQ_STAGE_BYTES &&
                       (a->stage == 1 || (a->stage == 0 && mvq_stage_on()));
-    /* large dense products (the output projection; R == 2 picks them): streamed */
+    /* large dense products (the output projection; R == 2 picks them), and products
+     * that normalise their input themselves: streamed */
     const int sthreads = mvq_stream_threads(w->nb1, p.tpr);
+    const int in_norm = a->x_in && a->in_norm;
+    if (in_norm && (mode != STRATA_K_MVQ_PLAIN || a->ids || p.counter || a->x_group != 1 ||
+                    !a->in_norm->w || (uintptr_t)a->in_norm->yq & 15 ||
+                    (uintptr_t)a->in_norm->y & 15))
+        return strata_k_err(err, STRATA_E_INVALID,
+                            "matvec_q8: an input RMSNorm needs a PLAIN product without expert "
+                            "ids, one slot per input row and 16-byte aligned output rows");
+    /* the input norm inside the launch: 256 threads (quantize_q8_kernel's sum order) */
+    const int stream_norm = in_norm && sthreads == 256 && !((uintptr_t)w->data & 15) &&
+                            a->stage >= 0 && mvq_stream_on();
+    if (in_norm && !stream_norm) {
+        int rc = strata_k_quantize_q8(ctx, a->x_in, w->ne0, (int)w->ne0, a->n_slot, 1,
+                                      a->in_norm->w, a->in_norm->eps, a->in_norm->y,
+                                      a->in_norm->yq, err);
+        if (rc)
+            return rc;
+        p.xq = (const uint8_t *)a->in_norm->yq;
+    }
+    if (stream_norm) {
+        p.xin = a->x_in;
+        p.inw = a->in_norm->w;
+        p.ineps = a->in_norm->eps;
+        p.iny = a->in_norm->y;
+        p.inyq = (uint8_t *)a->in_norm->yq;
+    }
     if (mode == STRATA_K_MVQ_PLAIN && !a->ids && !p.counter && sthreads &&
         !((uintptr_t)w->data & 15) &&
-        (a->stage == 2 || (a->stage == 0 && R == 2 && mvq_stream_on()))) {
+        (stream_norm || a->stage == 2 || (a->stage == 0 && R == 2 && mvq_stream_on()))) {
         int done = 0, rc = 0;
         switch (w->type) {
         case KT_Q4_K: rc = mvq_stream_launch<KT_Q4_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
@@ -594,6 +653,16 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
         }
         if (done || rc)
             return rc;
+        if (stream_norm) {
+            /* the device cannot hold that launch: the norm as its own launch first */
+            rc = strata_k_quantize_q8(ctx, a->x_in, w->ne0, (int)w->ne0, a->n_slot, 1,
+                                      a->in_norm->w, a->in_norm->eps, a->in_norm->y,
+                                      a->in_norm->yq, err);
+            if (rc)
+                return rc;
+            p.xin = NULL;
+            p.xq = (const uint8_t *)a->in_norm->yq;
+        }
     }
     switch (w->type) {
 #define CASE(T)                                                                               \
