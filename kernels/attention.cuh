@@ -111,6 +111,11 @@ static __device__ void attn_tile(const struct strata_k_attn_args &a, int bx, int
 #pragma unroll
     for (int j = 0; j < DPT; j++)
         o[j] = 0.0f;
+    /* a warp/wavefront whose rows are all past the last (a one-token decode fills 8 of
+     * the tile's 32 rows) skips the products: its rows' results are never used, and the
+     * warps that have rows get the issue slots.  Warp-uniform (the row shuffles below
+     * stay within a row's 8 lanes); every thread still reaches every barrier. */
+    const int wlive = row0 + (int)(tid - tid % warpSize) / 8 < n_rows;
 
     for (int j0 = lo; j0 < hi; j0 += ATT_KEYS) {
         __syncthreads();
@@ -129,47 +134,52 @@ static __device__ void attn_tile(const struct strata_k_attn_args &a, int bx, int
             *(uint4 *)&vs[j][d] = vv;
         }
         __syncthreads();
-        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, mt = -INFINITY;
-        /* each query value read once for the thread's 4 keys */
+        float corr = 1.0f;
+        if (wlive) {
+            float s[4] = {0.0f, 0.0f, 0.0f, 0.0f}, mt = -INFINITY;
+            /* each query value read once for the thread's 4 keys */
 #pragma unroll 4
-        for (int d = 0; d < hd; d += 4) {
-            float4 q4 = *(const float4 *)&qs[r][d];
+            for (int d = 0; d < hd; d += 4) {
+                float4 q4 = *(const float4 *)&qs[r][d];
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++) {
+                    int j = c8 + 8 * jj;
+                    float2 k01 = __half22float2(*(const __half2 *)&ks[j][d]);
+                    float2 k23 = __half22float2(*(const __half2 *)&ks[j][d + 2]);
+                    s[jj] = fmaf(q4.x, k01.x, s[jj]);
+                    s[jj] = fmaf(q4.y, k01.y, s[jj]);
+                    s[jj] = fmaf(q4.z, k23.x, s[jj]);
+                    s[jj] = fmaf(q4.w, k23.y, s[jj]);
+                }
+            }
 #pragma unroll
             for (int jj = 0; jj < 4; jj++) {
-                int j = c8 + 8 * jj;
-                float2 k01 = __half22float2(*(const __half2 *)&ks[j][d]);
-                float2 k23 = __half22float2(*(const __half2 *)&ks[j][d + 2]);
-                s[jj] = fmaf(q4.x, k01.x, s[jj]);
-                s[jj] = fmaf(q4.y, k01.y, s[jj]);
-                s[jj] = fmaf(q4.z, k23.x, s[jj]);
-                s[jj] = fmaf(q4.w, k23.y, s[jj]);
+                int kp = j0 + c8 + 8 * jj;
+                s[jj] = (kp >= r_lo && kp < r_hi) ? s[jj] : -INFINITY;
+                mt = fmaxf(mt, s[jj]);
             }
-        }
+            /* the 8 threads of a row are 8 aligned lanes of one warp/wavefront */
+            mt = fmaxf(mt, STRATA_SHFL_XOR(mt, 1));
+            mt = fmaxf(mt, STRATA_SHFL_XOR(mt, 2));
+            mt = fmaxf(mt, STRATA_SHFL_XOR(mt, 4));
+            float mn = fmaxf(m, mt);
+            corr = mn == -INFINITY ? 1.0f : __expf(m - mn);
+            float psum = 0.0f;
 #pragma unroll
-        for (int jj = 0; jj < 4; jj++) {
-            int kp = j0 + c8 + 8 * jj;
-            s[jj] = (kp >= r_lo && kp < r_hi) ? s[jj] : -INFINITY;
-            mt = fmaxf(mt, s[jj]);
+            for (int jj = 0; jj < 4; jj++) {
+                float p = s[jj] == -INFINITY ? 0.0f : __expf(s[jj] - mn);
+                ps[r][c8 + 8 * jj] = p;
+                psum += p;
+            }
+            psum += STRATA_SHFL_XOR(psum, 1);
+            psum += STRATA_SHFL_XOR(psum, 2);
+            psum += STRATA_SHFL_XOR(psum, 4);
+            l = l * corr + psum;
+            m = mn;
         }
-        /* the 8 threads of a row are 8 aligned lanes of one warp/wavefront */
-        mt = fmaxf(mt, STRATA_SHFL_XOR(mt, 1));
-        mt = fmaxf(mt, STRATA_SHFL_XOR(mt, 2));
-        mt = fmaxf(mt, STRATA_SHFL_XOR(mt, 4));
-        float mn = fmaxf(m, mt);
-        float corr = mn == -INFINITY ? 1.0f : __expf(m - mn);
-        float psum = 0.0f;
-#pragma unroll
-        for (int jj = 0; jj < 4; jj++) {
-            float p = s[jj] == -INFINITY ? 0.0f : __expf(s[jj] - mn);
-            ps[r][c8 + 8 * jj] = p;
-            psum += p;
-        }
-        psum += STRATA_SHFL_XOR(psum, 1);
-        psum += STRATA_SHFL_XOR(psum, 2);
-        psum += STRATA_SHFL_XOR(psum, 4);
-        l = l * corr + psum;
-        m = mn;
         __syncthreads();
+        if (!wlive)
+            continue;
 #pragma unroll
         for (int jd = 0; jd < DPT; jd++)
             o[jd] *= corr;
@@ -290,29 +300,35 @@ static __device__ void attn_tile(const struct strata_k_attn_args &a, int bx, int
     }
     if (a.out_q8) {
         /* the finished rows as 8-bit blocks of 32 (hd % 32 == 0: a block never spans two
-         * heads), with strata_k_quantize_q8's formula: the same bytes */
+         * heads), with strata_k_quantize_q8's formula: the same bytes.  Each of a row's 8
+         * threads takes 16 values (half a block; the two halves' maxima meet by one
+         * shuffle), so every lane runs the same rounds and reaches every shuffle. */
         __syncthreads();
-        if (fin) {
-            uint8_t *yq = (uint8_t *)a.out_q8 + (int64_t)t * a.out_q8_row;
-            const int64_t nq = (int64_t)a.n_head * hd;
-            for (int b = c8; b < hd / 32; b += 8) {
-                const float *v = &qs[r][32 * b];
-                float amax = 0.0f;
-                for (int j = 0; j < 32; j++)
+        uint8_t *yq = (uint8_t *)a.out_q8 + (int64_t)t * a.out_q8_row;
+        const int64_t nq = (int64_t)a.n_head * hd;
+        const int halves = hd / 16;
+        for (int i = 0; i < (halves + 7) / 8; i++) {
+            const int hb = c8 + 8 * i, act = fin && hb < halves;
+            const float *v = &qs[r][act ? 16 * hb : 0];
+            float amax = 0.0f;
+            if (act)
+                for (int j = 0; j < 16; j++)
                     amax = fmaxf(amax, fabsf(v[j]));
-                float d = amax / 127.0f;
-                const int64_t i0 = (int64_t)h * hd + 32 * b;
-                for (int j = 0; j < 32; j += 4) {
-                    uint32_t pk = 0;
+            amax = fmaxf(amax, STRATA_SHFL_XOR(amax, 1));
+            const float d = amax / 127.0f;
+            if (!act)
+                continue;
+            const int64_t i0 = (int64_t)h * hd + 16 * hb;
+            for (int j = 0; j < 16; j += 4) {
+                uint32_t pk = 0;
 #pragma unroll
-                    for (int jj = 0; jj < 4; jj++)
-                        pk |= (uint32_t)(uint8_t)(int8_t)(d > 0.0f ? __float2int_rn(v[j + jj] / d)
-                                                                   : 0)
-                              << (8 * jj);
-                    *(uint32_t *)(yq + i0 + j) = pk;
-                }
-                ((float *)(yq + nq))[i0 / 32] = d;
+                for (int jj = 0; jj < 4; jj++)
+                    pk |= (uint32_t)(uint8_t)(int8_t)(d > 0.0f ? __float2int_rn(v[j + jj] / d) : 0)
+                          << (8 * jj);
+                *(uint32_t *)(yq + i0 + j) = pk;
             }
+            if (hb % 2 == 0)
+                ((float *)(yq + nq))[i0 / 32] = d;
         }
     }
 }

@@ -1278,8 +1278,10 @@ static int proj_nn(struct gpu_state *s, const struct strata_k_weight *w, int n, 
                    int64_t y_stride, const float *add, const float *x_in, const float *nw,
                    struct strata_err *err)
 {
-    if (!mvq_ok(s, w, n))
-        return proj(s, w, s->xn, s->n_embd, n, y, y_stride, add, err);
+    if (!mvq_ok(s, w, n)) {
+        int rc = nw ? norm_rows(s, x_in, nw, n, 0, err) : 0;
+        return rc ? rc : proj(s, w, s->xn, s->n_embd, n, y, y_stride, add, err);
+    }
     struct strata_k_mvq_args a;
     struct strata_k_norm_q8 nn = {nw, s->eps, s->xn, s->xq};
     memset(&a, 0, sizeof(a));
@@ -1450,7 +1452,8 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
         const int fq8 = mvq_ok(s, D->is_moe ? &D->gate_exps : &D->gate, n);
         /* the ffn_norm inside the router's launch (moe_router_topk) */
         struct strata_k_norm_q8 rnorm = {D->ffn_norm, s->eps, s->xn, fq8 ? s->xq : NULL};
-        const int norm_in_router = route1 && !normed && s->norm_route && E % 32 == 0;
+        const int norm_in_router = route1 && !normed && s->norm_route && E % 32 == 0 &&
+                                   !((uintptr_t)D->ffn_norm & 15);
         if (!normed && !norm_in_router &&
             OP("ffn_norm", norm_rows(s, s->x, D->ffn_norm, n, fq8, err)))
             goto fail;

@@ -254,14 +254,19 @@ struct strata_k_mvq_args {
     /* PLAIN without ids (or NULL): the activations are x_in (n_slot rows of ne0 floats,
      * row stride ne0) normed with in_norm->w and in_norm->eps, computed by every block
      * of a streamed launch into its shared memory (the bits strata_k_quantize_q8 writes;
-     * block 0 also writes them to in_norm->y and in_norm->yq for later readers), so that
-     * no norm launch precedes the product; xq is then not read.  Where the streamed
-     * kernel does not apply, strata_k_quantize_q8 runs first (same bits). */
+     * block 0 also writes them to in_norm->y, if not NULL, and in_norm->yq, required),
+     * so that no norm launch precedes the product; xq is then not read.  Streamed
+     * whatever stage says, except -1; where the streamed kernel does not apply,
+     * strata_k_quantize_q8 runs first (same bits). */
     const float *x_in;
     const struct strata_k_norm_q8 *in_norm;
 };
 int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_args *a,
                        struct strata_err *err);
+
+/* Streamed launches (strata_k_mvq_args.stage) made by this process so far: for tests
+ * that must know the streamed kernel ran rather than its fallback. */
+unsigned long strata_k_mvq_stream_launches(void);
 
 /* Dequantise rows of w: dst[i * ne0 + k] = W row rows[i], value k, as float32
  * (rows: n_rows int32 device indices; NULL means rows 0..n_rows-1).  Used for the

@@ -14,6 +14,7 @@
 #include "mvq.cuh"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -370,6 +371,10 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
          * order, so its bits); block 0 also leaves them in global memory */
         __shared__ float scratch[STRATA_GPU_MAX_WARP];
         const int ne0 = 32 * p.nu;
+        /* the rows' padding zeroed: block 0 copies whole rows out */
+        const int used = ne0 + ne0 / 8, pad = (int)p.xq_row - used;
+        for (int i = threadIdx.x; i < n_slot * pad; i += blockDim.x)
+            mvq_smem[(size_t)(i / pad) * p.xq_row + used + i % pad] = 0;
         for (int s = 0; s < n_slot; s++)
             norm_q8_row<false>(p.xin + (int64_t)s * ne0, ne0, 1, p.inw, p.ineps,
                                blockIdx.x == 0 && p.iny ? p.iny + (int64_t)s * ne0 : NULL,
@@ -430,51 +435,77 @@ static int mvq_stream_on(void)
     return on;
 }
 
-/* Launch mvq_stream_kernel<T, TPR, NORM> with threads threads a block and as many blocks as the
- * device holds at once.  *done = 0 (and 0 returned) when the device cannot run it with
- * that shared memory: the caller launches mvq_kernel instead. */
+/* Launches of mvq_stream_kernel so far (strata_k_mvq_stream_launches) */
+static unsigned long mvq_stream_count;
+
+unsigned long strata_k_mvq_stream_launches(void)
+{
+    return __atomic_load_n(&mvq_stream_count, __ATOMIC_RELAXED);
+}
+
+/* Per device and kernel instance: the dynamic shared memory the kernel was allowed
+ * (cudaFuncSetAttribute applies to the current device only), and the blocks a
+ * multiprocessor holds for the last (threads, smem) asked. */
+#define MVQ_STREAM_DEVS 16
+struct mvq_stream_cache {
+    size_t smem_set[MVQ_STREAM_DEVS];
+    int threads[MVQ_STREAM_DEVS], per[MVQ_STREAM_DEVS];
+    size_t smem[MVQ_STREAM_DEVS];
+};
+static pthread_mutex_t mvq_stream_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Launch mvq_stream_kernel<T, TPR, NORM> with threads threads a block and as many blocks
+ * as the device holds at once.  *done = 0 (and 0 returned) when the device cannot run it
+ * with that shared memory: the caller launches mvq_kernel instead. */
 template <int T, int TPR, bool NORM>
 static int mvq_stream_launch_t(struct strata_gpu_ctx *ctx, const struct mvq_params &p,
                                int n_slot, int threads, int *done, struct strata_err *err)
 {
-    /* the shared-memory limit raised and the occupancy asked once per shape */
-    static size_t smem_set;
-    static int last_threads, last_per;
-    static size_t last_smem;
+    static struct mvq_stream_cache cache;
     const int rows = threads / p.tpr * 2;
     /* each buffer padded by 16 bytes (q6k_sums_words reads 2 past a row's end) */
     const size_t ck = (size_t)rows * p.nb1, cb = ck + 16;
     const size_t smem = 2 * cb + (NORM ? (size_t)n_slot * p.xq_row : 0);
     const int n_chunk = (int)((p.ne1 + rows - 1) / rows);
+    const int dev = ctx->info.device;
+    const void *k = reinterpret_cast<const void *>(mvq_stream_kernel<T, TPR, NORM>);
     *done = 0;
-    if (smem > 48 * 1024 && smem > smem_set) {
-        if (cudaFuncSetAttribute(reinterpret_cast<const void *>(mvq_stream_kernel<T, TPR, NORM>),
-                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem) != cudaSuccess) {
-            (void)cudaGetLastError();
-            return 0;
-        }
-        smem_set = smem;
-    }
-    if (threads != last_threads || smem != last_smem) {
-        int per = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                &per, reinterpret_cast<const void *>(mvq_stream_kernel<T, TPR, NORM>), threads, smem) !=
-            cudaSuccess)
-            (void)cudaGetLastError();
-        last_threads = threads;
-        last_smem = smem;
-        last_per = per;
-    }
-    if (last_per <= 0)
+    if (dev < 0 || dev >= MVQ_STREAM_DEVS ||
+        (ctx->info.smem_optin && smem > ctx->info.smem_optin))
         return 0;
-    int blocks = last_per * ctx->info.n_sm;
+    int per = 0, ok = 1;
+    pthread_mutex_lock(&mvq_stream_lock);
+    if (smem > 48 * 1024 && smem > cache.smem_set[dev]) {
+        if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+            cudaSuccess) {
+            (void)cudaGetLastError();
+            ok = 0;
+        } else {
+            cache.smem_set[dev] = smem;
+        }
+    }
+    if (ok && (threads != cache.threads[dev] || smem != cache.smem[dev])) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cache.per[dev], k, threads, smem) !=
+            cudaSuccess) {
+            (void)cudaGetLastError();
+            cache.per[dev] = 0;
+        }
+        cache.threads[dev] = threads;
+        cache.smem[dev] = smem;
+    }
+    if (ok)
+        per = cache.per[dev];
+    pthread_mutex_unlock(&mvq_stream_lock);
+    if (per <= 0)
+        return 0;
+    int blocks = per * ctx->info.n_sm;
     if (blocks > n_chunk)
         blocks = n_chunk;
     dim3 grid((unsigned)blocks), block((unsigned)threads);
-    strata_k_launch_smem(ctx, mvq_stream_kernel<T, TPR, NORM>, grid, block, smem, p, n_slot, n_chunk,
-                         ck, cb);
+    strata_k_launch_smem(ctx, mvq_stream_kernel<T, TPR, NORM>, grid, block, smem, p, n_slot,
+                         n_chunk, ck, cb);
     *done = 1;
+    __atomic_add_fetch(&mvq_stream_count, 1, __ATOMIC_RELAXED);
     return strata_k_check(ctx, "mvq_stream_kernel", grid, block, err,
                           "type %u ne1=%d n_slot=%d tpr=%d rows=%d smem=%zu", (unsigned)T, p.ne1,
                           n_slot, p.tpr, rows, smem);
@@ -618,11 +649,12 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     const int sthreads = mvq_stream_threads(w->nb1, p.tpr);
     const int in_norm = a->x_in && a->in_norm;
     if (in_norm && (mode != STRATA_K_MVQ_PLAIN || a->ids || p.counter || a->x_group != 1 ||
-                    !a->in_norm->w || (uintptr_t)a->in_norm->yq & 15 ||
+                    !a->in_norm->w || !a->in_norm->yq || (uintptr_t)a->in_norm->yq & 15 ||
                     (uintptr_t)a->in_norm->y & 15))
         return strata_k_err(err, STRATA_E_INVALID,
                             "matvec_q8: an input RMSNorm needs a PLAIN product without expert "
-                            "ids, one slot per input row and 16-byte aligned output rows");
+                            "ids, one slot per input row and 16-byte aligned q8 (and float) "
+                            "output rows");
     /* the input norm inside the launch: 256 threads (quantize_q8_kernel's sum order) */
     const int stream_norm = in_norm && sthreads == 256 && !((uintptr_t)w->data & 15) &&
                             a->stage >= 0 && mvq_stream_on();

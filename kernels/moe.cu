@@ -189,10 +189,10 @@ int strata_k_moe_router_topk(struct strata_gpu_ctx *ctx, const struct strata_k_w
     struct router_norm rn = {NULL, 0.0f, NULL, NULL, 0};
     if (fn) {
         if (n % 32 || !fn->w || ((uintptr_t)fn->w & 15) || ((uintptr_t)fn->y & 15) ||
-            ((uintptr_t)fn->yq & 15))
+            ((uintptr_t)fn->yq & 15) || fn->y == x || (const void *)fn->yq == (const void *)x)
             return strata_k_err(err, STRATA_E_INVALID,
-                                "moe_router_topk: the fused RMSNorm needs n %% 32 == 0 (n=%d) "
-                                "and 16-byte aligned weights and rows", n);
+                                "moe_router_topk: the fused RMSNorm needs n %% 32 == 0 (n=%d), "
+                                "16-byte aligned weights and rows, and outputs apart from x", n);
         rn.w = fn->w;
         rn.eps = fn->eps;
         rn.y = fn->y;

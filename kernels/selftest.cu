@@ -760,7 +760,10 @@ static int c_matvec_q8(int dev, int type, char *shapes, size_t sc, char *msg, si
 static int c_matvec_q8_stage(int dev, int type, char *shapes, size_t sc, char *msg, size_t mc)
 {
     struct st s;
-    const int64_t ne0 = 512, ne1 = 16390;
+    /* Q6_K: the output projection's shape class (32 lanes a row, the streamed kernel's
+     * word reads); the others a staged shape */
+    const int64_t ne0 = type == STRATA_TYPE_Q6_K ? 2048 : 512,
+                  ne1 = type == STRATA_TYPE_Q6_K ? 4100 : 16390;
     const int n_tok = 2;
     size_t xrb = strata_k_q8_row_bytes(ne0);
     snprintf(shapes, sc, "%s [%lld x %lld], %d tokens", strata_ggml_type_name(type),

@@ -564,19 +564,26 @@ static void test_matvec_q8_stage(uint32_t type, int64_t ne0, int64_t ne1, int n_
     a.xq = dxq;
     a.y_stride = ne1;
     int rc = strata_k_quantize_q8(&ctx, dx, ne0, (int)ne0, n_x, 0, NULL, 0.0f, NULL, dxq, &err);
+    unsigned long streamed = 0;
     for (int v = 0; v < n_way && !rc; v++) {
         a.y = dy[v];
         a.stage = stages[v];
+        const unsigned long before = strata_k_mvq_stream_launches();
         rc = strata_k_matvec_q8(&ctx, &a, &err);
+        if (v == 2)
+            streamed = strata_k_mvq_stream_launches() - before;
     }
     KT_CUDA(cudaDeviceSynchronize());
     for (int v = 1; v < n_way; v++) {
         kt_down(y[0], dy[0], yb);
         kt_down(y[v], dy[v], yb);
         int same = !rc && memcmp(y[0], y[v], yb) == 0;
-        ok(same, "matvec_q8 %s %s [%lld x %lld] x%d experts, %d slots/%d: %s %s", names[v],
-           strata_ggml_type_name(type), (long long)ne0, (long long)ne1, n_exp, n_slot, x_group,
-           same ? "same bits as direct" : "differs from direct", rc ? err.msg : "");
+        /* the streamed way must have run, not its fallback */
+        int ran = v != 2 || streamed == 1;
+        ok(same && ran, "matvec_q8 %s %s [%lld x %lld] x%d experts, %d slots/%d: %s%s %s",
+           names[v], strata_ggml_type_name(type), (long long)ne0, (long long)ne1, n_exp, n_slot,
+           x_group, same ? "same bits as direct" : "differs from direct",
+           ran ? "" : " (but the streamed kernel did not run)", rc ? err.msg : "");
     }
     cudaFree(dw); cudaFree(dx); cudaFree(dids); cudaFree(dxq);
     for (int v = 0; v < n_way; v++) {
@@ -590,7 +597,8 @@ static void test_matvec_q8_stage(uint32_t type, int64_t ne0, int64_t ne1, int n_
  * quantize_q8 followed by the product: the outputs, and the normed rows it leaves in
  * global memory (floats and q8), must be the same bits; then the same launch's last
  * slot alone (a window against a decode). */
-static void test_matvec_q8_innorm(uint32_t type, int64_t ne0, int64_t ne1, int n_slot)
+static void test_matvec_q8_innorm(uint32_t type, int64_t ne0, int64_t ne1, int n_slot,
+                                  int streams)
 {
     struct strata_err err = {0, ""};
     size_t rb, xrb = strata_k_q8_row_bytes(ne0);
@@ -601,9 +609,9 @@ static void test_matvec_q8_innorm(uint32_t type, int64_t ne0, int64_t ne1, int n
     kt_fill(nw, ne0, 1.0f);
     void *dw = kt_up(w, rb * ne1);
     float *dx = (float *)kt_up(x, 4 * nx), *dnw = (float *)kt_up(nw, 4 * ne0);
-    float *dxn[2], *dy[3];
-    void *dxq[2];
-    for (int v = 0; v < 2; v++) {
+    float *dxn[3], *dy[3];
+    void *dxq[3];
+    for (int v = 0; v < 3; v++) {
         dxn[v] = (float *)kt_dev(4 * nx);
         dxq[v] = kt_dev(xrb * n_slot);
         kt_poison(dxn[v], 4 * nx);
@@ -628,52 +636,62 @@ static void test_matvec_q8_innorm(uint32_t type, int64_t ne0, int64_t ne1, int n
     a.y = dy[0];
     if (!rc)
         rc = strata_k_matvec_q8(&ctx, &a, &err);
-    struct strata_k_norm_q8 nn = {dnw, 1e-6f, dxn[1], dxq[1]};
+    struct strata_k_norm_q8 nn = {dnw, 1e-6f, dxn[1], dxq[1]}, n1 = {dnw, 1e-6f, dxn[2], dxq[2]};
     a.xq = NULL;
     a.x_in = dx;
     a.in_norm = &nn;
     a.y = dy[1];
+    const unsigned long before = strata_k_mvq_stream_launches();
     if (!rc)
         rc = strata_k_matvec_q8(&ctx, &a, &err);
     a.n_slot = 1;
     a.x_in = dx + (size_t)(n_slot - 1) * ne0;
+    a.in_norm = &n1;
     a.y = dy[2];
     if (!rc)
         rc = strata_k_matvec_q8(&ctx, &a, &err);
+    const unsigned long ran = strata_k_mvq_stream_launches() - before;
     KT_CUDA(cudaDeviceSynchronize());
     float *y0 = (float *)malloc(yb), *y1 = (float *)malloc(yb), *y2 = (float *)malloc(yb);
-    float *n0 = (float *)malloc(4 * nx), *n1 = (float *)malloc(4 * nx);
+    float *n0 = (float *)malloc(4 * nx), *hn1 = (float *)malloc(4 * nx);
+    float *hn2 = (float *)malloc(4 * ne0);
     uint8_t *q0 = (uint8_t *)malloc(xrb * n_slot), *q1 = (uint8_t *)malloc(xrb * n_slot);
+    uint8_t *q2 = (uint8_t *)malloc(xrb);
     kt_down(y0, dy[0], yb);
     kt_down(y1, dy[1], yb);
     kt_down(y2, dy[2], sizeof(float) * ne1);
     kt_down(n0, dxn[0], 4 * nx);
     kt_down(q0, dxq[0], xrb * n_slot);
-    /* the normed rows of the n_slot launch (the one-slot launch rewrote the first row) */
     int same_y = !rc && memcmp(y0, y1, yb) == 0;
     int same_1 = !rc && memcmp(y2, y1 + (size_t)(n_slot - 1) * ne1, sizeof(float) * ne1) == 0;
-    kt_down(n1, dxn[1], 4 * nx);
+    kt_down(hn1, dxn[1], 4 * nx);
     kt_down(q1, dxq[1], xrb * n_slot);
+    kt_down(hn2, dxn[2], 4 * ne0);
+    kt_down(q2, dxq[2], xrb);
+    /* the rows each launch left: every row of the n_slot launch, the one-slot launch's
+     * row (each q8 row's quants and scales; quantize_q8 leaves the padding unwritten) */
     const size_t lastn = (size_t)(n_slot - 1) * ne0, lastq = (size_t)(n_slot - 1) * xrb;
-    int same_n = !rc && memcmp(n0 + lastn, n1, 4 * ne0) == 0 &&
-                 (n_slot == 1 || memcmp(n0 + ne0, n1 + ne0, 4 * (nx - ne0)) == 0);
-    int same_q = !rc && memcmp(q0 + lastq, q1, xrb) == 0 &&
-                 (n_slot == 1 || memcmp(q0 + xrb, q1 + xrb, xrb * (n_slot - 1)) == 0);
-    ok(same_y && same_1 && same_n && same_q,
+    const size_t used = (size_t)ne0 + (size_t)ne0 / 8;
+    int same_n = !rc && memcmp(n0, hn1, 4 * nx) == 0 && memcmp(n0 + lastn, hn2, 4 * ne0) == 0;
+    int same_q = !rc && memcmp(q0 + lastq, q2, used) == 0;
+    for (int r = 0; r < n_slot; r++)
+        same_q = same_q && memcmp(q0 + r * xrb, q1 + r * xrb, used) == 0;
+    int way = rc || ran == (unsigned long)(streams ? 2 : 0);
+    ok(same_y && same_1 && same_n && same_q && way,
        "matvec_q8 with its input RMSNorm %s [%lld x %lld], %d slots: outputs %s, the last slot "
-       "alone %s, normed rows left %s, q8 rows %s %s", strata_ggml_type_name(type),
-       (long long)ne0, (long long)ne1, n_slot, same_y ? "equal" : "differ",
-       same_1 ? "the same bits" : "other bits", same_n ? "equal" : "differ",
-       same_q ? "equal" : "differ", rc ? err.msg : "");
+       "alone %s, normed rows left %s, q8 rows %s, %lu streamed launches of 2 (expected %d) %s",
+       strata_ggml_type_name(type), (long long)ne0, (long long)ne1, n_slot,
+       same_y ? "equal" : "differ", same_1 ? "the same bits" : "other bits",
+       same_n ? "equal" : "differ", same_q ? "equal" : "differ", ran, streams ? 2 : 0,
+       rc ? err.msg : "");
     cudaFree(dw); cudaFree(dx); cudaFree(dnw);
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < 3; v++) {
         cudaFree(dxn[v]);
         cudaFree(dxq[v]);
-    }
-    for (int v = 0; v < 3; v++)
         cudaFree(dy[v]);
-    free(w); free(x); free(nw); free(y0); free(y1); free(y2); free(n0); free(n1); free(q0);
-    free(q1);
+    }
+    free(w); free(x); free(nw); free(y0); free(y1); free(y2); free(n0); free(hn1); free(hn2);
+    free(q0); free(q1); free(q2);
 }
 
 /* A token's rows alone equal its rows inside a 7-token batch, bit for bit, in every
@@ -959,11 +977,12 @@ static void test_q8(void)
     test_matvec_q8_stage(STRATA_TYPE_Q5_K, 1024, 40, 1, 2, 1);
     test_matvec_q8_stage(STRATA_TYPE_Q8_0, 7168, 16405, 1, 4, 2);
     test_matvec_q8_stage(STRATA_TYPE_Q6_K, 7168, 777, 1, 5, 1);
-    test_matvec_q8_innorm(STRATA_TYPE_Q4_K, 2048, 5120, 1);   /* Qwen3-30B-A3B's q/k/v */
-    test_matvec_q8_innorm(STRATA_TYPE_Q6_K, 2048, 512, 17);   /* attn_v, a 17-token window */
-    test_matvec_q8_innorm(STRATA_TYPE_Q6_K, 2048, 151936, 2); /* output */
-    test_matvec_q8_innorm(STRATA_TYPE_Q8_0, 7168, 1000, 3);   /* no 256-thread stream: fallback */
-    test_matvec_q8_innorm(STRATA_TYPE_Q5_K, 1024, 333, 4);
+    test_matvec_q8_innorm(STRATA_TYPE_Q4_K, 2048, 5120, 1, 1);   /* Qwen3-30B-A3B's q/k/v */
+    test_matvec_q8_innorm(STRATA_TYPE_Q6_K, 2048, 512, 17, 1);   /* attn_v, a 17-token window */
+    test_matvec_q8_innorm(STRATA_TYPE_Q6_K, 2048, 151936, 2, 1); /* output */
+    test_matvec_q8_innorm(STRATA_TYPE_Q8_0, 7168, 1000, 3, 0);   /* no 256-thread stream */
+    test_matvec_q8_innorm(STRATA_TYPE_Q5_K, 1024, 333, 4, 1);
+    test_matvec_q8_innorm(STRATA_TYPE_Q8_0, 96, 700, 2, 1);      /* q8 rows with padding */
     test_matvec_q8_stage(STRATA_TYPE_Q6_K, 2304, 16411, 1, 3, 1); /* rows of 9 super-blocks:
                                                                      every other row 2 bytes off */
     /* with the following RMSNorm fused (attn_output, the experts' down projections) */
