@@ -299,7 +299,6 @@ static __device__ __forceinline__ void q6k_sums_words(const uint8_t *buf, const 
         wb[r] = off >> 2;
         sh[r] = (off & 2) * 8;
     }
-    const uint32_t k4 = 0x0F0F0F0F, k2 = 0x03030303;
     for (int u = gl; u < nu; u += 32) {
         const int sbk = u >> 3;
         const int8_t *xb = xq + sbk * 256 + 128 * ip + l0;
@@ -309,7 +308,7 @@ static __device__ __forceinline__ void q6k_sums_words(const uint8_t *buf, const 
 #pragma unroll
         for (int s = 0; s < 4; s++) {
             xv[s] = *(const int2 *)(xb + 32 * s);
-            xs[s] = -32 * strata_dp4a(0x01010101, xv[s].x, strata_dp4a(0x01010101, xv[s].y, 0));
+            xs[s] = q6k_xs(xv[s]);
             xdv[s] = xd[sbk * 8 + 4 * ip + s];
         }
 #pragma unroll
@@ -330,11 +329,7 @@ static __device__ __forceinline__ void q6k_sums_words(const uint8_t *buf, const 
             float a = 0.0f;
 #pragma unroll
             for (int s = 0; s < 4; s++) {
-                uint32_t lo0 = s & 1 ? c0 : a0, lo1 = s & 1 ? c1 : a1;
-                int shl = 4 * (s >> 1), shh = 2 * s;
-                int v0 = (int)(((lo0 >> shl) & k4) | (((h0 >> shh) & k2) << 4));
-                int v1 = (int)(((lo1 >> shl) & k4) | (((h1 >> shh) & k2) << 4));
-                int dt = strata_dp4a(v0, xv[s].x, strata_dp4a(v1, xv[s].y, xs[s]));
+                const int dt = q6k_dot8(a0, a1, c0, c1, h0, h1, s, xv[s], xs[s]);
                 const int j = 2 * s + is;
                 int sc = (int)(int8_t)((j < 4 ? S0 : S1) >> (8 * (j & 3)));
                 a += xdv[s] * (float)(sc * dt);

@@ -128,6 +128,29 @@ static __device__ __forceinline__ uint32_t ld4_a2(const uint8_t *p)
     return (uint32_t)((((uint64_t)a[1] << 32) | a[0]) >> sh);
 }
 
+/* The integer sum over Q6_K values 32 s + l0 + 0..7 of one half (ip) of a super-block
+ * times their int8 activations xv (two words of 4): the low 4 bits from a0/a1 (s = 0, 2)
+ * or c0/c1 (s = 1, 3), low or high nibbles by s / 2, the high 2 bits from h0/h1 at bit
+ * 2 s (ggml's dequantize_row_q6_K); xs = -32 * sum xv, so that the quants enter as 0..63
+ * (sum (q - 32) x = sum q x - 32 sum x, the same integer). */
+static __device__ __forceinline__ int q6k_dot8(uint32_t a0, uint32_t a1, uint32_t c0,
+                                               uint32_t c1, uint32_t h0, uint32_t h1, int s,
+                                               int2 xv, int xs)
+{
+    const uint32_t k4 = 0x0F0F0F0F, k2 = 0x03030303;
+    uint32_t lo0 = s & 1 ? c0 : a0, lo1 = s & 1 ? c1 : a1;
+    int shl = 4 * (s >> 1), shh = 2 * s;
+    int v0 = (int)(((lo0 >> shl) & k4) | (((h0 >> shh) & k2) << 4));
+    int v1 = (int)(((lo1 >> shl) & k4) | (((h1 >> shh) & k2) << 4));
+    return strata_dp4a(v0, xv.x, strata_dp4a(v1, xv.y, xs));
+}
+
+/* -32 times the sum of the 8 int8 activations in xv (q6k_dot8's xs) */
+static __device__ __forceinline__ int q6k_xs(int2 xv)
+{
+    return -32 * strata_dp4a(0x01010101, xv.x, strata_dp4a(0x01010101, xv.y, 0));
+}
+
 template <int T> struct mvq;
 
 template <> struct mvq<KT_Q4_K> {
@@ -221,20 +244,13 @@ template <> struct mvq<KT_Q6_K> {
         uint32_t h0 = ld4_a2(qh), h1 = ld4_a2(qh + 4);
         const uint8_t *scp = b + 192 + 8 * ip;
         int is8 = 8 * (l0 >> 4);
-        const uint32_t k4 = 0x0F0F0F0F, k2 = 0x03030303;
         const int8_t *xb = xq + (u >> 3) * 256 + 128 * ip + l0;
         float acc = 0.0f;
 #pragma unroll
         for (int s = 0; s < 4; s++) {
-            uint32_t lo0 = s & 1 ? c0 : a0, lo1 = s & 1 ? c1 : a1;
-            int shl = 4 * (s >> 1), shh = 2 * s;
-            /* the 6-bit quants q as bytes 0..63: sum (q - 32) x = sum q x - 32 sum x, the
-             * same integer (the x sum is shared by every row the lane does) */
-            int v0 = (int)(((lo0 >> shl) & k4) | (((h0 >> shh) & k2) << 4));
-            int v1 = (int)(((lo1 >> shl) & k4) | (((h1 >> shh) & k2) << 4));
+            /* the activations' sum is shared by every row the lane does */
             int2 xv = *(const int2 *)(xb + 32 * s);
-            int xs = strata_dp4a(0x01010101, xv.x, strata_dp4a(0x01010101, xv.y, 0));
-            int dt = strata_dp4a(v0, xv.x, strata_dp4a(v1, xv.y, -32 * xs));
+            int dt = q6k_dot8(a0, a1, c0, c1, h0, h1, s, xv, q6k_xs(xv));
             int sc = (int)(int8_t)(ld16(scp + 2 * s) >> is8);
             acc += xd[(u >> 3) * 8 + 4 * ip + s] * (float)(sc * dt);
         }

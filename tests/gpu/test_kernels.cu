@@ -525,6 +525,19 @@ static void test_matvec_q8(uint32_t type, int64_t ne0, int64_t ne1, int n_exp, i
     free(add); free(ref); free(got); free(gq);
 }
 
+/* A PLAIN 8-bit mat-vec's arguments for kw: n_slot slots, x_group slots per input row,
+ * output rows of kw->ne1 values; the rest zero. */
+static void plain_args(struct strata_k_mvq_args *a, const struct strata_k_weight *kw, int n_slot,
+                       int x_group)
+{
+    memset(a, 0, sizeof(*a));
+    a->w = kw;
+    a->mode = STRATA_K_MVQ_PLAIN;
+    a->n_slot = n_slot;
+    a->x_group = x_group;
+    a->y_stride = kw->ne1;
+}
+
 /* The staged PLAIN kernel (rows through shared memory) and, without expert ids, the
  * streamed one (chunks of rows through two shared buffers, every slot from one copy)
  * give the bits of the direct one, expert ids and token groups included. */
@@ -555,14 +568,9 @@ static void test_matvec_q8_stage(uint32_t type, int64_t ne0, int64_t ne1, int n_
     }
     struct strata_k_weight kw = {type, ne0, ne1, rb, rb * ne1, dw};
     struct strata_k_mvq_args a;
-    memset(&a, 0, sizeof(a));
-    a.w = &kw;
-    a.mode = STRATA_K_MVQ_PLAIN;
+    plain_args(&a, &kw, n_slot, x_group);
     a.ids = n_exp > 1 ? dids : NULL;
-    a.n_slot = n_slot;
-    a.x_group = x_group;
     a.xq = dxq;
-    a.y_stride = ne1;
     int rc = strata_k_quantize_q8(&ctx, dx, ne0, (int)ne0, n_x, 0, NULL, 0.0f, NULL, dxq, &err);
     unsigned long streamed = 0;
     for (int v = 0; v < n_way && !rc; v++) {
@@ -623,12 +631,7 @@ static void test_matvec_q8_innorm(uint32_t type, int64_t ne0, int64_t ne1, int n
     }
     struct strata_k_weight kw = {type, ne0, ne1, rb, rb * ne1, dw};
     struct strata_k_mvq_args a;
-    memset(&a, 0, sizeof(a));
-    a.w = &kw;
-    a.mode = STRATA_K_MVQ_PLAIN;
-    a.n_slot = n_slot;
-    a.x_group = 1;
-    a.y_stride = ne1;
+    plain_args(&a, &kw, n_slot, 1);
     /* v 0: two launches; v 1: one; v 2: one, the last slot alone */
     int rc = strata_k_quantize_q8(&ctx, dx, ne0, (int)ne0, n_slot, 1, dnw, 1e-6f, dxn[0],
                                   dxq[0], &err);
