@@ -43,6 +43,25 @@ static inline void kt_fill(float *v, size_t n, float scale)
     }
 }
 
+/* Router logits in double: lref [n_tok, n_expert] = x [n_tok, n] times w [n_expert, n];
+ * returns the largest sum of |products| of a logit (for the comparison's tolerance). */
+static inline double kt_router_ref(const float *w, const float *x, int n, int n_expert,
+                                   int n_tok, float *lref)
+{
+    double max_mag = 0;
+    for (int t = 0; t < n_tok; t++)
+        for (int e = 0; e < n_expert; e++) {
+            double a = 0, mag = 0;
+            for (int i = 0; i < n; i++) {
+                a += (double)w[(size_t)e * n + i] * x[(size_t)t * n + i];
+                mag += fabs((double)w[(size_t)e * n + i] * x[(size_t)t * n + i]);
+            }
+            lref[(size_t)t * n_expert + e] = (float)a;
+            max_mag = fmax(max_mag, mag);
+        }
+    return max_mag;
+}
+
 /* Max of |a - b| / (atol + rtol * |b|) over n values; a non-finite a counts as
  * infinite.  *worst: the index of the largest. */
 static inline double kt_err(const float *a, const float *b, size_t n, double atol, double rtol,

@@ -832,25 +832,6 @@ static int c_matvec_q8_stage(int dev, int type, char *shapes, size_t sc, char *m
     return st_end(&s);
 }
 
-/* Router logits in double: lref [n_tok, n_expert] = x [n_tok, n] times w [n_expert, n];
- * returns the largest sum of |products| of a logit (for the comparison's tolerance). */
-static double st_router_ref(const float *w, const float *x, int n, int n_expert, int n_tok,
-                            float *lref)
-{
-    double max_mag = 0;
-    for (int t = 0; t < n_tok; t++)
-        for (int e = 0; e < n_expert; e++) {
-            double a = 0, mag = 0;
-            for (int i = 0; i < n; i++) {
-                a += (double)w[e * n + i] * x[t * n + i];
-                mag += fabs((double)w[e * n + i] * x[t * n + i]);
-            }
-            lref[t * n_expert + e] = (float)a;
-            max_mag = fmax(max_mag, mag);
-        }
-    return max_mag;
-}
-
 /* The router (F32 weights) and its top-k routing in one launch: logits against double
  * sums, ids and weights against the route reference on the logits the GPU made. */
 static int c_router_topk(int dev, int arg, char *shapes, size_t sc, char *msg, size_t mc)
@@ -870,7 +851,7 @@ static int c_router_topk(int dev, int arg, char *shapes, size_t sc, char *msg, s
     if (s.rc)
         return st_end(&s);
     kt_fill(x, (size_t)n * n_tok, 1.0f);
-    double max_mag = st_router_ref(rw.f, x, n, n_expert, n_tok, lref);
+    double max_mag = kt_router_ref(rw.f, x, n, n_expert, n_tok, lref);
     float *dx = (float *)st_up(&s, x, sizeof(float) * n * n_tok);
     float *dl = (float *)st_dev(&s, sizeof(float) * n_expert * n_tok);
     float *dw = (float *)st_dev(&s, 4 * n_tok * k);
@@ -992,7 +973,7 @@ static int c_router_norm(int dev, int arg, char *shapes, size_t sc, char *msg, s
     float *lref = (float *)st_host(&s, 4 * nl);
     if (s.rc)
         return st_end(&s);
-    double max_mag = st_router_ref(rw.f, ref, n, n_expert, n_tok, lref);
+    double max_mag = kt_router_ref(rw.f, ref, n, n_expert, n_tok, lref);
     st_compare(&s, "moe_router_topk logits (ffn_norm fused)", lg[1], lref, nl,
                1e-5 * max_mag + 1e-6, 1e-4);
     return st_end(&s);

@@ -18,7 +18,7 @@ extern "C" {
 #include "tap.h"
 }
 
-/* kt_u32, kt_unif, kt_fill, kt_err, kt_random_rows: kernels/kref.h */
+/* kt_u32, kt_unif, kt_fill, kt_router_ref, kt_err, kt_random_rows: kernels/kref.h */
 #include "kref.h"
 
 #define KT_CUDA(call)                                                                        \

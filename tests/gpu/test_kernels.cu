@@ -774,17 +774,7 @@ static void test_router_topk(int n_tok, int n_expert, int n, int k, int norm)
     float *ref = (float *)malloc(sizeof(float) * n_tok * n_expert), *got = (float *)malloc(sizeof(float) * n_tok * n_expert);
     kt_fill(w, (size_t)n_expert * n, 1.0f);
     kt_fill(x, (size_t)n_tok * n, 1.0f);
-    double max_mag = 0;
-    for (int t = 0; t < n_tok; t++)
-        for (int e = 0; e < n_expert; e++) {
-            double a = 0, mag = 0;
-            for (int i = 0; i < n; i++) {
-                a += (double)w[e * n + i] * x[t * n + i];
-                mag += fabs((double)w[e * n + i] * x[t * n + i]);
-            }
-            ref[t * n_expert + e] = (float)a;
-            max_mag = fmax(max_mag, mag);
-        }
+    double max_mag = kt_router_ref(w, x, n, n_expert, n_tok, ref);
     float *dw = (float *)kt_up(w, sizeof(float) * n_expert * n), *dx = (float *)kt_up(x, sizeof(float) * n_tok * n);
     float *dl = (float *)kt_dev(sizeof(float) * n_tok * n_expert);
     float *dwt = (float *)kt_dev(sizeof(float) * n_tok * k), *dwt2 = (float *)kt_dev(sizeof(float) * n_tok * k);
