@@ -243,6 +243,38 @@ static __device__ __forceinline__ void strata_pdl_trigger(void)
 #endif
 }
 
+/* Asynchronous copies global -> shared (NVIDIA sm_80+ cp.async.cg; elsewhere a plain
+ * copy, complete when the call returns).  strata_cp_async16: 16 bytes to dst (16-byte
+ * aligned), of which src_bytes (16, or 0: none read) come from src and the rest are
+ * zero; strata_cp_async_commit closes the group of copies issued so far;
+ * strata_cp_async_wait<N> waits until at most N groups are still in flight (their data
+ * is visible to the issuing thread; other threads need a barrier after). */
+static __device__ __forceinline__ void strata_cp_async16(void *dst, const void *src,
+                                                         int src_bytes)
+{
+#if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src), "r"(src_bytes));
+#else
+    *(uint4 *)dst = src_bytes ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+#endif
+}
+
+static __device__ __forceinline__ void strata_cp_async_commit(void)
+{
+#if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;");
+#endif
+}
+
+template <int N> static __device__ __forceinline__ void strata_cp_async_wait(void)
+{
+#if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 /* Ask for the 128-byte line at p in L2 (NVIDIA; a no-op elsewhere): for weights a
  * kernel reads after its strata_pdl_wait(), which do not depend on the kernel before. */
 static __device__ __forceinline__ void strata_prefetch_l2(const void *p)

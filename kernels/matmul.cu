@@ -286,13 +286,6 @@ static __device__ __forceinline__ uint32_t smem_u32(const void *p)
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-/* 16 bytes global -> shared, or 16 zero bytes when !ok (src-size 0 reads nothing) */
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool ok)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(dst)),
-                 "l"(src), "r"(ok ? 16 : 0));
-}
-
 static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const void *p)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
@@ -416,9 +409,9 @@ __global__ void __launch_bounds__(MM_THREADS, 4) mm2_kernel(struct mm_params p, 
         for (int i = 0; i < BN * (BK / 8) / MM_THREADS; i++) {
             int q = tid + i * MM_THREADS, n = q / (BK / 8), kc = q % (BK / 8), xr = xrow[n];
             const __half *src = xh + (xr < 0 ? 0 : (int64_t)xr * p.ne0 + k0 + kc * 8);
-            cp_async16(&bs[b][n][kc * 8], src, xr >= 0);
+            strata_cp_async16(&bs[b][n][kc * 8], src, xr >= 0 ? 16 : 0);
         }
-        asm volatile("cp.async.commit_group;");
+        strata_cp_async_commit();
     };
     if (FAST) {
         q4k_fetch(rw, wrow, 0, fh, frow_ok);
@@ -443,9 +436,9 @@ __global__ void __launch_bounds__(MM_THREADS, 4) mm2_kernel(struct mm_params p, 
                     q4k_fetch(ru, urow, k0 + BK, fh, frow_ok);
             }
             stage_x(st ^ 1, k0 + BK);
-            asm volatile("cp.async.wait_group 1;" ::: "memory");
+            strata_cp_async_wait<1>();
         } else {
-            asm volatile("cp.async.wait_group 0;" ::: "memory");
+            strata_cp_async_wait<0>();
         }
         __syncthreads();
 #pragma unroll

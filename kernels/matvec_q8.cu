@@ -230,32 +230,6 @@ __global__ void __launch_bounds__(512) mvq_kernel(struct mvq_params p)
  * tpr, ... in order, then the shuffle tree, then add): the same bits. */
 #define MVQ_STREAM_CHUNK_MAX 32768 /* bytes of one chunk buffer */
 
-static __device__ __forceinline__ void mvq_copy16(uint8_t *dst, const uint8_t *src)
-{
-#if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                     (uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src));
-#else
-    *(uint4 *)dst = *(const uint4 *)src;
-#endif
-}
-
-static __device__ __forceinline__ void mvq_copy_commit(void)
-{
-#if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;");
-#endif
-}
-
-/* wait until at most one committed group is still in flight */
-static __device__ __forceinline__ void mvq_copy_wait1(void)
-{
-#if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group 1;" ::: "memory");
-#endif
-}
-
 /* chunk c's bytes [c * ck, min((c + 1) * ck, total)) into dst; total % 2 == 0, ck % 16 ==
  * 0; a last piece under 16 bytes by 2-byte loads */
 static __device__ __forceinline__ void mvq_chunk_copy(uint8_t *dst, const uint8_t *w, int c,
@@ -264,7 +238,7 @@ static __device__ __forceinline__ void mvq_chunk_copy(uint8_t *dst, const uint8_
     const size_t off = (size_t)c * ck;
     const size_t len = min(ck, total - off), n16 = len / 16;
     for (size_t i = threadIdx.x; i < n16; i += blockDim.x)
-        mvq_copy16(dst + 16 * i, w + off + 16 * i);
+        strata_cp_async16(dst + 16 * i, w + off + 16 * i, 16);
     for (size_t i = 16 * n16 + 2 * threadIdx.x; i < len; i += 2 * blockDim.x)
         *(uint16_t *)(dst + i) = *(const uint16_t *)(w + off + i);
 }
@@ -355,7 +329,7 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
     int c = blockIdx.x, buf = 0;
     if (c < n_chunk)
         mvq_chunk_copy(mvq_sbuf, p.w, c, ck, total);
-    mvq_copy_commit();
+    strata_cp_async_commit();
     if (NORM) /* the norm weights do not depend on the kernel before either */
         for (int i = 32 * threadIdx.x; i < 32 * p.nu; i += 32 * blockDim.x)
             strata_prefetch_l2(p.inw + i);
@@ -383,8 +357,8 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
     for (; c < n_chunk; c += gridDim.x, buf ^= 1) {
         if (c + (int)gridDim.x < n_chunk)
             mvq_chunk_copy(mvq_sbuf + (buf ^ 1) * cb, p.w, c + gridDim.x, ck, total);
-        mvq_copy_commit();
-        mvq_copy_wait1();
+        strata_cp_async_commit();
+        strata_cp_async_wait<1>();
         __syncthreads();
         const uint8_t *wb = mvq_sbuf + buf * cb;
         const int r0 = c * rows + 2 * grp;
@@ -653,13 +627,18 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     /* the input norm inside the launch: 256 threads (quantize_q8_kernel's sum order) */
     const int stream_norm = in_norm && sthreads == 256 && !((uintptr_t)w->data & 15) &&
                             a->stage >= 0 && mvq_stream_on();
+    /* else the norm as its own launch first; the product then reads its q8 rows */
+    auto norm_first = [&]() {
+        p.xin = NULL;
+        p.xq = (const uint8_t *)a->in_norm->yq;
+        return strata_k_quantize_q8(ctx, a->x_in, w->ne0, (int)w->ne0, a->n_slot, 1,
+                                    a->in_norm->w, a->in_norm->eps, a->in_norm->y,
+                                    a->in_norm->yq, err);
+    };
     if (in_norm && !stream_norm) {
-        int rc = strata_k_quantize_q8(ctx, a->x_in, w->ne0, (int)w->ne0, a->n_slot, 1,
-                                      a->in_norm->w, a->in_norm->eps, a->in_norm->y,
-                                      a->in_norm->yq, err);
+        int rc = norm_first();
         if (rc)
             return rc;
-        p.xq = (const uint8_t *)a->in_norm->yq;
     }
     if (stream_norm) {
         p.xin = a->x_in;
@@ -680,16 +659,9 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
         }
         if (done || rc)
             return rc;
-        if (stream_norm) {
-            /* the device cannot hold that launch: the norm as its own launch first */
-            rc = strata_k_quantize_q8(ctx, a->x_in, w->ne0, (int)w->ne0, a->n_slot, 1,
-                                      a->in_norm->w, a->in_norm->eps, a->in_norm->y,
-                                      a->in_norm->yq, err);
-            if (rc)
-                return rc;
-            p.xin = NULL;
-            p.xq = (const uint8_t *)a->in_norm->yq;
-        }
+        /* the device cannot hold that launch */
+        if (stream_norm && (rc = norm_first()))
+            return rc;
     }
     switch (w->type) {
 #define CASE(T)                                                                               \

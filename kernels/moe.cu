@@ -37,18 +37,12 @@ __global__ void moe_route_kernel(const float *__restrict__ logits, int n_tok, in
  * per token) and resets the counter.
  *
  * NORM: x is the residual row, and the block first normalises it (ffn_norm) as
- * quantize_q8_kernel would: the same scale (row_rms_scale, same block size), the same
- * products x * scale * w, so the logits are those of the two-launch path bitwise.  The
- * eight lanes that hold a 32-value block of the normed row (float4s 8m .. 8m + 7) also
- * write it as floats (rn.y) and q8 (rn.yq) in the one block that owns it (block m mod
- * the grid), for the experts' products that follow: one launch fewer per layer. */
-struct router_norm {
-    const float *w;
-    float eps;
-    float *y;
-    uint8_t *yq;
-    size_t yq_row;
-};
+ * quantize_q8_kernel would: the same scale (row_sumsq_part and the block tree, same
+ * block size), the same products x * scale * w, so the logits are those of the
+ * two-launch path bitwise.  The eight lanes that hold a 32-value block of the normed row
+ * (float4s 8m .. 8m + 7) also write it as floats (rn.y) and q8 (rn.yq, rows of
+ * mvq_q8_row(n) bytes) in the one block that owns it (block m mod the grid), for the
+ * experts' products that follow: one launch fewer per layer. */
 
 /* One float4 i (of n4) of a token's row: s + the router row's wv . xv (xv normed first
  * when NORM: scale sc, norm weights g; its q8 block written by the block that owns it).
@@ -76,7 +70,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
     moe_router_topk_kernel(const float *__restrict__ rw, const float *__restrict__ x, int n,
                            int n_tok, int n_expert, float *logits, int *counter, int k,
                            int norm, float scale, int32_t *__restrict__ ids,
-                           float *__restrict__ w, struct router_norm rn)
+                           float *__restrict__ w, struct strata_k_norm_q8 rn)
 {
     /* per token and warp: the warp's part of the sum of squares, then of the logit; the
      * block tree of strata_block_sum taken for every token at once (one barrier per
@@ -128,7 +122,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
             sc = rms_scale_of(ss, n, rn.eps);
         }
         float *yt = NORM && rn.y ? rn.y + (int64_t)t * n : NULL;
-        uint8_t *qt = NORM && rn.yq ? rn.yq + (size_t)t * rn.yq_row : NULL;
+        uint8_t *qt = NORM && rn.yq ? (uint8_t *)rn.yq + (size_t)t * mvq_q8_row(n) : NULL;
         float s = 0.0f;
 #pragma unroll
         for (int j = 0; j < ROUTER_PRE; j++) {
@@ -186,26 +180,21 @@ int strata_k_moe_router_topk(struct strata_gpu_ctx *ctx, const struct strata_k_w
                             "moe_router_topk: bad shape type=%u n=%d n_expert=%d n_tok=%d k=%d "
                             "(F32 router, n %% 4 == 0, n_expert <= %d, n_tok <= %d, k <= 32)",
                             rw->type, n, n_expert, n_tok, k, ROUTE_MAX_EXPERT, ROUTER_MAX_TOK);
-    struct router_norm rn = {NULL, 0.0f, NULL, NULL, 0};
+    const struct strata_k_norm_q8 none = {NULL, 0.0f, NULL, NULL};
     if (fn) {
         if (n % 32 || !fn->w || ((uintptr_t)fn->w & 15) || ((uintptr_t)fn->y & 15) ||
             ((uintptr_t)fn->yq & 15) || fn->y == x || (const void *)fn->yq == (const void *)x)
             return strata_k_err(err, STRATA_E_INVALID,
                                 "moe_router_topk: the fused RMSNorm needs n %% 32 == 0 (n=%d), "
                                 "16-byte aligned weights and rows, and outputs apart from x", n);
-        rn.w = fn->w;
-        rn.eps = fn->eps;
-        rn.y = fn->y;
-        rn.yq = (uint8_t *)fn->yq;
-        rn.yq_row = strata_k_q8_row_bytes(n);
     }
     dim3 grid((unsigned)n_expert), block(ROUTER_THREADS);
     if (fn)
         strata_k_launch(ctx, moe_router_topk_kernel<true>, grid, block, (const float *)rw->data,
-                        x, n, n_tok, n_expert, logits, counter, k, norm, scale, ids, w, rn);
+                        x, n, n_tok, n_expert, logits, counter, k, norm, scale, ids, w, *fn);
     else
         strata_k_launch(ctx, moe_router_topk_kernel<false>, grid, block, (const float *)rw->data,
-                        x, n, n_tok, n_expert, logits, counter, k, norm, scale, ids, w, rn);
+                        x, n, n_tok, n_expert, logits, counter, k, norm, scale, ids, w, none);
     return strata_k_check(ctx, "moe_router_topk_kernel", grid, block, err,
                           "n=%d n_expert=%d n_tok=%d k=%d norm=%d", n, n_expert, n_tok, k,
                           fn != NULL);

@@ -52,8 +52,9 @@ static __device__ __forceinline__ float rms_scale_of(float s, int n, float eps)
 
 /* rsqrt(mean(x^2) + eps) of one n-value row by the whole block: the threads' parts
  * (row_sumsq_part), then the block tree (strata_block_sum).  Every kernel that
- * normalises a decode row (norm_q8_row, moe_router_topk_kernel) sums in this order, so
- * the normed values are the same bits whichever kernel made them. */
+ * normalises a decode row sums in this order (moe_router_topk_kernel takes the same
+ * tree for all its tokens at once), so the normed values are the same bits whichever
+ * kernel made them. */
 template <bool VOL, bool STAGED = false>
 static __device__ __forceinline__ float row_rms_scale(const float *x, int n, float eps, float *y,
                                                       float *scratch)
