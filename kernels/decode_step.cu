@@ -78,12 +78,9 @@ static __device__ void step_sync(unsigned long long *bar, unsigned long long *wa
 /* Ask for bytes [p, p + n) in L2, the lines spread over every thread of the grid. */
 static __device__ void step_prefetch(const void *p, size_t n)
 {
-    if (!p)
-        return;
-    const size_t lines = (n + 127) / 128;
-    const size_t G = (size_t)gridDim.x * blockDim.x;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < lines; i += G)
-        strata_prefetch_l2((const char *)p + 128 * i);
+    if (p)
+        strata_prefetch_l2_bytes(p, n, (size_t)blockIdx.x * blockDim.x + threadIdx.x,
+                                 (size_t)gridDim.x * blockDim.x);
 }
 
 /* n bytes (a multiple of 16) from global memory other blocks wrote into shared dst. */

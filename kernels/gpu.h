@@ -286,6 +286,20 @@ static __device__ __forceinline__ void strata_prefetch_l2(const void *p)
 #endif
 }
 
+/* Ask for the 128-byte lines that hold bytes [p, p + n) in L2, spread over nt
+ * threads: thread t (< nt) asks for lines t, t + nt, ... (a no-op elsewhere). */
+static __device__ __forceinline__ void strata_prefetch_l2_bytes(const void *p, size_t n,
+                                                                size_t t, size_t nt)
+{
+#if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__)
+    const uintptr_t a = (uintptr_t)p & ~(uintptr_t)127, e = (uintptr_t)p + n;
+    for (uintptr_t l = a + 128 * t; l < e; l += 128 * nt)
+        strata_prefetch_l2((const void *)l);
+#else
+    (void)p, (void)n, (void)t, (void)nt;
+#endif
+}
+
 /* Loads that bypass the multiprocessor's L1 (NVIDIA ld.global.cg; a volatile read
  * elsewhere): for data other blocks of the running kernel wrote, which a stale L1 line
  * of this multiprocessor could otherwise shadow. */

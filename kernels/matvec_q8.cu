@@ -89,22 +89,49 @@ struct mvq_params {
     float ineps;
     float *iny;
     uint8_t *inyq;
+    /* weights asked for in L2 ahead of their reads (strata_k_mvq_args.next): ahead != 0
+     * lets a PLAIN launch without ids ask for its own rows before the PDL wait (a
+     * streamed one for its second chunk); nx (GLU): the next product's matrices, nx_nb2
+     * bytes apart, nx_bytes of them per expert */
+    int ahead;
+    const uint8_t *nx;
+    size_t nx_nb2, nx_bytes;
 };
 
-/* MODE: STRATA_K_MVQ_*; R rows per row group.  STAGE (PLAIN only): the activation row
+/* MODE: STRATA_K_MVQ_*; R rows per row group (GLU blocks of 512 threads: two a
+ * multiprocessor, at most 64 registers a thread, or the 8 experts' blocks run in two
+ * waves).  STAGE (PLAIN only): the activation row
  * and the block's weight rows are first copied to shared memory with 16-byte loads
  * (rows 16-byte aligned, xq_row + rows * nb1 <= MVQ_STAGE_BYTES), so that the dot
  * products' narrow, 2-byte aligned reads (Q6_K, Q8_0) stay out of the L1/global path;
  * the sums are the same, in the same order. */
 template <int T, int MODE, int R, int STAGE = 0>
-__global__ void __launch_bounds__(512) mvq_kernel(struct mvq_params p)
+__global__ void __launch_bounds__(512, MODE == STRATA_K_MVQ_GLU ? 2 : 1)
+    mvq_kernel(struct mvq_params p)
 {
-    strata_pdl_wait();
-    strata_pdl_trigger();
     const int tpr = p.tpr, gl = threadIdx.x % tpr;
     const int grp = threadIdx.x / tpr, groups = blockDim.x / tpr;
     const int r0 = (blockIdx.x * groups + grp) * R;
     const int s = blockIdx.y;
+    /* fixed weights do not depend on the kernel before: this block's rows on their way
+     * to L2 meanwhile (once, for every slot) */
+    if (MODE == STRATA_K_MVQ_PLAIN && p.ahead && !p.ids && s == 0) {
+        const int rb = blockIdx.x * groups * R;
+        strata_prefetch_l2_bytes(p.w + (size_t)rb * p.nb1,
+                                 (size_t)min(groups * R, p.ne1 - rb) * p.nb1, threadIdx.x,
+                                 blockDim.x);
+    }
+    strata_pdl_wait();
+    strata_pdl_trigger();
+    /* GLU: a slice of the next product's matrix of this slot's expert (the experts' down
+     * rows the COMBINE launch reads), so that it finds them in L2 */
+    if (MODE == STRATA_K_MVQ_GLU && p.nx && p.ids) {
+        const size_t sl = ((p.nx_bytes + gridDim.x - 1) / gridDim.x + 127) & ~(size_t)127;
+        const size_t o = (size_t)blockIdx.x * sl;
+        if (o < p.nx_bytes)
+            strata_prefetch_l2_bytes(p.nx + (size_t)p.ids[s] * p.nx_nb2 + o,
+                                     min(sl, p.nx_bytes - o), threadIdx.x, blockDim.x);
+    }
     /* rows past ne1 re-read the last row (in bounds) and are not written: every lane
      * must reach the shuffles */
     size_t roff[R];
@@ -330,6 +357,10 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
     if (c < n_chunk)
         mvq_chunk_copy(mvq_sbuf, p.w, c, ck, total);
     strata_cp_async_commit();
+    if (p.ahead && c + (int)gridDim.x < n_chunk) /* the second chunk to L2 meanwhile */
+        strata_prefetch_l2_bytes(p.w + (size_t)(c + gridDim.x) * ck,
+                                 min(ck, total - (size_t)(c + gridDim.x) * ck), threadIdx.x,
+                                 blockDim.x);
     if (NORM) /* the norm weights do not depend on the kernel before either */
         for (int i = 32 * threadIdx.x; i < 32 * p.nu; i += 32 * blockDim.x)
             strata_prefetch_l2(p.inw + i);
@@ -519,6 +550,18 @@ static void mvq_launch(dim3 grid, dim3 block, const struct strata_gpu_ctx *ctx,
     strata_k_launch(ctx, mvq_kernel<T, MODE, R, STAGE>, grid, block, p);
 }
 
+/* Weights asked for in L2 ahead of their reads (mvq_params.ahead, .nx): on unless
+ * STRATA_NO_L2_AHEAD=1 */
+static int mvq_ahead_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("STRATA_NO_L2_AHEAD");
+        on = !(e && *e && strcmp(e, "0") != 0);
+    }
+    return on;
+}
+
 /* Staged PLAIN launches (mvq_kernel's STAGE) for the output projection: on unless
  * STRATA_NO_MVQ_STAGE=1 (read once) */
 static int mvq_stage_on(void)
@@ -602,6 +645,14 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     p.ineps = 0.0f;
     p.iny = NULL;
     p.inyq = NULL;
+    p.ahead = mvq_ahead_on();
+    p.nx = NULL;
+    p.nx_nb2 = p.nx_bytes = 0;
+    if (p.ahead && mode == STRATA_K_MVQ_GLU && a->ids && !p.tab && a->next) {
+        p.nx = (const uint8_t *)a->next->data;
+        p.nx_nb2 = a->next->nb2;
+        p.nx_bytes = (size_t)a->next->ne1 * a->next->nb1;
+    }
     p.tpr = strata_k_mvq_tpr(p.nu, p.k);
     /* two rows per group share the activation loads of large matrices */
     int R = mode == STRATA_K_MVQ_GLU ? 2 : mode == STRATA_K_MVQ_PLAIN && w->ne1 >= 16384 ? 2 : 1;

@@ -152,80 +152,114 @@ static __device__ __forceinline__ int q6k_xs(int2 xv)
     return -32 * strata_dp4a(0x01010101, xv.x, strata_dp4a(0x01010101, xv.y, 0));
 }
 
+/* The 6-bit scales and mins of sub-blocks 2g and 2g + 1 of a Q4_K/Q5_K super-block
+ * (ggml's get_scale_min_k4, both at once, without branches): w0, w1, w2 are the
+ * block's 12 scale bytes as little-endian words.  Pairs are (sub-block 2g) | (2g + 1)
+ * << 8. */
+static __device__ __forceinline__ void scale_min_pair_k4(int g, uint32_t w0, uint32_t w1,
+                                                         uint32_t w2, uint32_t *sc, uint32_t *m)
+{
+    const int h = 16 * (g & 1);
+    const uint32_t a = w0 >> h, b = w1 >> h, c = w2 >> h;
+    /* j < 4: bytes j and j + 4, low 6 bits; j >= 4: the low (scale) or high (min)
+     * nibble of byte j + 4, bits 4-5 from the top two bits of byte j - 4 (or j) */
+    *sc = g < 2 ? a & 0x3F3F : (c & 0x0F0F) | ((a >> 2) & 0x3030);
+    *m = g < 2 ? b & 0x3F3F : ((c >> 4) & 0x0F0F) | ((b >> 2) & 0x3030);
+}
+
+/* Each type's product of one 32-value unit u, in two parts: xu(u, xq, xd) loads what
+ * depends on the activations only (their quants, sums and scales), once per unit for
+ * every row a lane does; dot(row, u, x) adds the row's weights against it.  The
+ * integers and the float operations are the same, in the same order, whichever rows
+ * share an xu. */
 template <int T> struct mvq;
 
 template <> struct mvq<KT_Q4_K> {
     /* unit u: super-block u / 8, 64-value group g, half h: 16 low nibbles (sub-block
      * 2g) and 16 high nibbles (sub-block 2g + 1) of one 16-byte load */
-    static __device__ __forceinline__ float dot(const uint8_t *row, int u, const int8_t *xq,
-                                                const float *xd)
+    struct x_t {
+        int4 xl, xh;   /* the 16 activations of each sub-block's half */
+        int sl, sh;    /* their sums (the mins' terms) */
+        float d0, d1;  /* their q8 block scales */
+    };
+    static __device__ __forceinline__ x_t xu(int u, const int8_t *xq, const float *xd)
+    {
+        x_t x;
+        const int g = (u >> 1) & 3, h = u & 1, one = 0x01010101;
+        const int8_t *xb = xq + (u >> 3) * 256 + 64 * g + 16 * h;
+        x.xl = *(const int4 *)xb;
+        x.xh = *(const int4 *)(xb + 32);
+        x.sl = strata_dp4a(one, x.xl.x, 0);
+        x.sl = strata_dp4a(one, x.xl.y, x.sl);
+        x.sl = strata_dp4a(one, x.xl.z, x.sl);
+        x.sl = strata_dp4a(one, x.xl.w, x.sl);
+        x.sh = strata_dp4a(one, x.xh.x, 0);
+        x.sh = strata_dp4a(one, x.xh.y, x.sh);
+        x.sh = strata_dp4a(one, x.xh.z, x.sh);
+        x.sh = strata_dp4a(one, x.xh.w, x.sh);
+        const int bi = (u >> 3) * 8 + 2 * g;
+        x.d0 = xd[bi];
+        x.d1 = xd[bi + 1];
+        return x;
+    }
+    static __device__ __forceinline__ float dot(const uint8_t *row, int u, const x_t &x)
     {
         const uint8_t *b = row + (u >> 3) * 144;
-        int g = (u >> 1) & 3, h = u & 1;
-        uint4 q = *(const uint4 *)(b + 16 + 32 * g + 16 * h);
-        const int8_t *xb = xq + (u >> 3) * 256 + 64 * g + 16 * h;
-        int4 xl = *(const int4 *)xb, xh = *(const int4 *)(xb + 32);
-        __half2 dm = *(const __half2 *)b;
-        int sc0, m0, sc1, m1;
-        scale_min_k4(2 * g, b + 4, &sc0, &m0);
-        scale_min_k4(2 * g + 1, b + 4, &sc1, &m1);
-        const int k4 = 0x0F0F0F0F, one = 0x01010101;
-        int dl = 0, dh = 0, sl = 0, sh = 0;
-        dl = strata_dp4a((int)(q.x & k4), xl.x, dl);
-        dl = strata_dp4a((int)(q.y & k4), xl.y, dl);
-        dl = strata_dp4a((int)(q.z & k4), xl.z, dl);
-        dl = strata_dp4a((int)(q.w & k4), xl.w, dl);
-        dh = strata_dp4a((int)((q.x >> 4) & k4), xh.x, dh);
-        dh = strata_dp4a((int)((q.y >> 4) & k4), xh.y, dh);
-        dh = strata_dp4a((int)((q.z >> 4) & k4), xh.z, dh);
-        dh = strata_dp4a((int)((q.w >> 4) & k4), xh.w, dh);
-        sl = strata_dp4a(one, xl.x, sl);
-        sl = strata_dp4a(one, xl.y, sl);
-        sl = strata_dp4a(one, xl.z, sl);
-        sl = strata_dp4a(one, xl.w, sl);
-        sh = strata_dp4a(one, xh.x, sh);
-        sh = strata_dp4a(one, xh.y, sh);
-        sh = strata_dp4a(one, xh.z, sh);
-        sh = strata_dp4a(one, xh.w, sh);
-        float2 d = __half22float2(dm);
-        int bi = (u >> 3) * 8 + 2 * g;
-        float d0 = xd[bi], d1 = xd[bi + 1];
-        return d.x * (d0 * (float)(sc0 * dl) + d1 * (float)(sc1 * dh)) -
-               d.y * (d0 * (float)(m0 * sl) + d1 * (float)(m1 * sh));
+        const int g = (u >> 1) & 3, h = u & 1;
+        /* d, dmin and the 12 scale bytes in one load; the 16 quant bytes in another */
+        const uint4 hd = *(const uint4 *)b;
+        const uint4 q = *(const uint4 *)(b + 16 + 32 * g + 16 * h);
+        uint32_t scp, mp;
+        scale_min_pair_k4(g, hd.y, hd.z, hd.w, &scp, &mp);
+        const int k4 = 0x0F0F0F0F;
+        int dl = 0, dh = 0;
+        dl = strata_dp4a((int)(q.x & k4), x.xl.x, dl);
+        dl = strata_dp4a((int)(q.y & k4), x.xl.y, dl);
+        dl = strata_dp4a((int)(q.z & k4), x.xl.z, dl);
+        dl = strata_dp4a((int)(q.w & k4), x.xl.w, dl);
+        dh = strata_dp4a((int)((q.x >> 4) & k4), x.xh.x, dh);
+        dh = strata_dp4a((int)((q.y >> 4) & k4), x.xh.y, dh);
+        dh = strata_dp4a((int)((q.z >> 4) & k4), x.xh.z, dh);
+        dh = strata_dp4a((int)((q.w >> 4) & k4), x.xh.w, dh);
+        const float2 d =
+            make_float2(strata_h2f((uint16_t)hd.x), strata_h2f((uint16_t)(hd.x >> 16)));
+        const int sc0 = (int)(scp & 0xFF), sc1 = (int)(scp >> 8);
+        const int m0 = (int)(mp & 0xFF), m1 = (int)(mp >> 8);
+        return d.x * (x.d0 * (float)(sc0 * dl) + x.d1 * (float)(sc1 * dh)) -
+               d.y * (x.d0 * (float)(m0 * x.sl) + x.d1 * (float)(m1 * x.sh));
     }
 };
 
 template <> struct mvq<KT_Q5_K> {
     /* as Q4_K, with the fifth bits of the 16 low and 16 high values from qh */
-    static __device__ __forceinline__ float dot(const uint8_t *row, int u, const int8_t *xq,
-                                                const float *xd)
+    typedef mvq<KT_Q4_K>::x_t x_t;
+    static __device__ __forceinline__ x_t xu(int u, const int8_t *xq, const float *xd)
+    {
+        return mvq<KT_Q4_K>::xu(u, xq, xd);
+    }
+    static __device__ __forceinline__ float dot(const uint8_t *row, int u, const x_t &x)
     {
         const uint8_t *b = row + (u >> 3) * 176;
-        int g = (u >> 1) & 3, h = u & 1;
-        uint4 q = *(const uint4 *)(b + 48 + 32 * g + 16 * h);
-        uint4 qh = *(const uint4 *)(b + 16 + 16 * h);
-        const int8_t *xb = xq + (u >> 3) * 256 + 64 * g + 16 * h;
-        int4 xl = *(const int4 *)xb, xh = *(const int4 *)(xb + 32);
-        __half2 dm = *(const __half2 *)b;
-        int sc0, m0, sc1, m1;
-        scale_min_k4(2 * g, b + 4, &sc0, &m0);
-        scale_min_k4(2 * g + 1, b + 4, &sc1, &m1);
+        const int g = (u >> 1) & 3, h = u & 1;
+        const uint4 hd = *(const uint4 *)b;
+        const uint4 q = *(const uint4 *)(b + 48 + 32 * g + 16 * h);
+        const uint4 qh = *(const uint4 *)(b + 16 + 16 * h);
+        uint32_t scp, mp;
+        scale_min_pair_k4(g, hd.y, hd.z, hd.w, &scp, &mp);
         const uint32_t k4 = 0x0F0F0F0F, k1 = 0x01010101;
-        const int one = 0x01010101;
-        int s0 = 2 * g, s1 = 2 * g + 1;
-        int dl = 0, dh = 0, sl = 0, sh = 0;
+        const int s0 = 2 * g, s1 = 2 * g + 1;
+        int dl = 0, dh = 0;
 #define Q5_STEP(c)                                                                        \
-    dl = strata_dp4a((int)((q.c & k4) | (((qh.c >> s0) & k1) << 4)), xl.c, dl);            \
-    dh = strata_dp4a((int)(((q.c >> 4) & k4) | (((qh.c >> s1) & k1) << 4)), xh.c, dh);     \
-    sl = strata_dp4a(one, xl.c, sl);                                                       \
-    sh = strata_dp4a(one, xh.c, sh);
+    dl = strata_dp4a((int)((q.c & k4) | (((qh.c >> s0) & k1) << 4)), x.xl.c, dl);          \
+    dh = strata_dp4a((int)(((q.c >> 4) & k4) | (((qh.c >> s1) & k1) << 4)), x.xh.c, dh);
         Q5_STEP(x) Q5_STEP(y) Q5_STEP(z) Q5_STEP(w)
 #undef Q5_STEP
-        float2 d = __half22float2(dm);
-        int bi = (u >> 3) * 8 + 2 * g;
-        float d0 = xd[bi], d1 = xd[bi + 1];
-        return d.x * (d0 * (float)(sc0 * dl) + d1 * (float)(sc1 * dh)) -
-               d.y * (d0 * (float)(m0 * sl) + d1 * (float)(m1 * sh));
+        const float2 d =
+            make_float2(strata_h2f((uint16_t)hd.x), strata_h2f((uint16_t)(hd.x >> 16)));
+        const int sc0 = (int)(scp & 0xFF), sc1 = (int)(scp >> 8);
+        const int m0 = (int)(mp & 0xFF), m1 = (int)(mp >> 8);
+        return d.x * (x.d0 * (float)(sc0 * dl) + x.d1 * (float)(sc1 * dh)) -
+               d.y * (x.d0 * (float)(m0 * x.sl) + x.d1 * (float)(m1 * x.sh));
     }
 };
 
@@ -234,8 +268,25 @@ template <> struct mvq<KT_Q6_K> {
      * (s = 0..3, j = 0..7) from ql[64 ip + l0 + j] (s = 0, 2: low and high nibble) and
      * ql[64 ip + 32 + l0 + j] (s = 1, 3), with bits 2s of qh[32 ip + l0 + j] on top
      * (ggml's dequantize_row_q6_K).  Blocks are 210 bytes: 2-byte aligned only. */
-    static __device__ __forceinline__ float dot(const uint8_t *row, int u, const int8_t *xq,
-                                                const float *xd)
+    struct x_t {
+        int2 xv[4];  /* the 8 activations of each of the 4 slices */
+        int xs[4];   /* -32 times their sums (q6k_dot8) */
+        float xd[4]; /* their q8 block scales */
+    };
+    static __device__ __forceinline__ x_t xu(int u, const int8_t *xq, const float *xd)
+    {
+        x_t x;
+        const int ip = (u >> 2) & 1, l0 = 8 * (u & 3);
+        const int8_t *xb = xq + (u >> 3) * 256 + 128 * ip + l0;
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            x.xv[s] = *(const int2 *)(xb + 32 * s);
+            x.xs[s] = q6k_xs(x.xv[s]);
+            x.xd[s] = xd[(u >> 3) * 8 + 4 * ip + s];
+        }
+        return x;
+    }
+    static __device__ __forceinline__ float dot(const uint8_t *row, int u, const x_t &x)
     {
         const uint8_t *b = row + (u >> 3) * 210;
         int ip = (u >> 2) & 1, l0 = 8 * (u & 3);
@@ -245,15 +296,12 @@ template <> struct mvq<KT_Q6_K> {
         uint32_t h0 = ld4_a2(qh), h1 = ld4_a2(qh + 4);
         const uint8_t *scp = b + 192 + 8 * ip;
         int is8 = 8 * (l0 >> 4);
-        const int8_t *xb = xq + (u >> 3) * 256 + 128 * ip + l0;
         float acc = 0.0f;
 #pragma unroll
         for (int s = 0; s < 4; s++) {
-            /* the activations' sum is shared by every row the lane does */
-            int2 xv = *(const int2 *)(xb + 32 * s);
-            int dt = q6k_dot8(a0, a1, c0, c1, h0, h1, s, xv, q6k_xs(xv));
+            int dt = q6k_dot8(a0, a1, c0, c1, h0, h1, s, x.xv[s], x.xs[s]);
             int sc = (int)(int8_t)(ld16(scp + 2 * s) >> is8);
-            acc += xd[(u >> 3) * 8 + 4 * ip + s] * (float)(sc * dt);
+            acc += x.xd[s] * (float)(sc * dt);
         }
         return ldh(b + 208) * acc;
     }
@@ -261,22 +309,28 @@ template <> struct mvq<KT_Q6_K> {
 
 template <> struct mvq<KT_Q8_0> {
     /* unit u: block u (34 bytes, 2-byte aligned) */
-    static __device__ __forceinline__ float dot(const uint8_t *row, int u, const int8_t *xq,
-                                                const float *xd)
+    struct x_t {
+        int4 x0, x1;
+        float d;
+    };
+    static __device__ __forceinline__ x_t xu(int u, const int8_t *xq, const float *xd)
+    {
+        const int4 *xv = (const int4 *)(xq + 32 * u);
+        return x_t{xv[0], xv[1], xd[u]};
+    }
+    static __device__ __forceinline__ float dot(const uint8_t *row, int u, const x_t &x)
     {
         const uint8_t *b = row + u * 34;
-        const int4 *xv = (const int4 *)(xq + 32 * u);
-        int4 x0 = xv[0], x1 = xv[1];
         int dt = 0;
-        dt = strata_dp4a((int)ld32_a2(b + 2), x0.x, dt);
-        dt = strata_dp4a((int)ld32_a2(b + 6), x0.y, dt);
-        dt = strata_dp4a((int)ld32_a2(b + 10), x0.z, dt);
-        dt = strata_dp4a((int)ld32_a2(b + 14), x0.w, dt);
-        dt = strata_dp4a((int)ld32_a2(b + 18), x1.x, dt);
-        dt = strata_dp4a((int)ld32_a2(b + 22), x1.y, dt);
-        dt = strata_dp4a((int)ld32_a2(b + 26), x1.z, dt);
-        dt = strata_dp4a((int)ld32_a2(b + 30), x1.w, dt);
-        return ldh(b) * xd[u] * (float)dt;
+        dt = strata_dp4a((int)ld32_a2(b + 2), x.x0.x, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 6), x.x0.y, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 10), x.x0.z, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 14), x.x0.w, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 18), x.x1.x, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 22), x.x1.y, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 26), x.x1.z, dt);
+        dt = strata_dp4a((int)ld32_a2(b + 30), x.x1.w, dt);
+        return ldh(b) * x.d * (float)dt;
     }
 };
 
@@ -295,13 +349,17 @@ static __device__ __forceinline__ void mvq_lane_sums(const uint8_t *w, const uin
 {
     const int8_t *xq = (const int8_t *)xr;
     const float *xd = (const float *)(xr + 32 * nu);
-#pragma unroll 2
+    /* GLU: 2 R dots a unit already keep enough loads in flight, and another unit's
+     * would cost registers the two blocks a multiprocessor do not have */
+    constexpr int unroll = GLU ? 1 : 2;
+#pragma unroll unroll
     for (int i = gl; i < nu; i += tpr) {
+        const typename mvq<T>::x_t xv = mvq<T>::xu(i, xq, xd);
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            acc[r] += mvq<T>::dot(w + roff[r], i, xq, xd);
+            acc[r] += mvq<T>::dot(w + roff[r], i, xv);
             if (GLU)
-                acc2[r] += mvq<T>::dot(u + roff[r], i, xq, xd);
+                acc2[r] += mvq<T>::dot(u + roff[r], i, xv);
         }
     }
 }
@@ -319,12 +377,11 @@ static __device__ __forceinline__ void mvq_lane_sums_k(const size_t *roff, int g
         const uint8_t *wb, *xr;
         float cw;
         part(j, &wb, &xr, &cw);
+        const typename mvq<T>::x_t xv =
+            mvq<T>::xu(uu, (const int8_t *)xr, (const float *)(xr + 32 * nu));
 #pragma unroll
         for (int r = 0; r < R; r++)
-            acc[r] = fmaf(cw,
-                          mvq<T>::dot(wb + roff[r], uu, (const int8_t *)xr,
-                                      (const float *)(xr + 32 * nu)),
-                          acc[r]);
+            acc[r] = fmaf(cw, mvq<T>::dot(wb + roff[r], uu, xv), acc[r]);
     }
 }
 
