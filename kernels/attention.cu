@@ -9,6 +9,8 @@
 #include "attention.cuh"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* DPT = hd / 8: the output dimensions a thread owns (contiguous, so that value rows
  * are read as half2 pairs). */
@@ -50,6 +52,291 @@ __global__ void attn_merge_kernel(const float *__restrict__ scratch, float *__re
         }
         out[(int64_t)orow * hd + d] = L > 0.0f ? acc / L : 0.0f;
     }
+}
+
+/* ---- decode: a 32-lane group a query row ----
+ *
+ * A one-token decode gives a tile n_gqa rows (8 for most GQA models), so attn_kernel's
+ * 8 threads a row leave 3/4 of its block idle and each thread's chain long: 4 keys of
+ * hd products and hd / 8 output dimensions a tile.  Here a block takes ATT_ROWS_W rows
+ * of one kv head with 32 lanes each: lane c scores key c of a tile and accumulates
+ * output dimensions hd / 32 * c .. +hd / 32.  Every sum is attn_tile's, in attn_tile's
+ * order, so the results are the same bits (a decode here and the same position in a
+ * verify window on attn_kernel agree):
+ *  - key c's score: its own fmaf chain over d = 0 .. hd - 1, as attn_tile's thread;
+ *  - the tile's maximum: a maximum (exact in any order);
+ *  - the tile's weight sum: attn_tile's thread c8 added keys c8, c8 + 8, c8 + 16, c8 +
+ *    24 in order, then the 8 threads by the shuffle tree 1, 2, 4: lanes 0..7 do the
+ *    same with the other three keys fetched by shuffles;
+ *  - each output dimension: its fmaf chain over the tile's keys in order;
+ *  - the splits' merge and the 8-bit output: lanes 0..7 take the parts of attn_tile's 8
+ *    threads.
+ * Needs hd % 32 == 0 (DW = hd / 32) and at most ATT_ROWS_W rows a kv head. */
+#define ATT_ROWS_W (ATT_THREADS / 32)
+
+struct att_smem_w {
+    __align__(16) float qs[ATT_ROWS_W][ATT_HD + 4];
+    /* keys: rows of an odd number of words, so that the 32 lanes' reads of their own
+     * key's words fall in 32 different banks */
+    __align__(16) __half ks[ATT_KEYS][ATT_HD + 2];
+    __align__(16) __half vs[ATT_KEYS][ATT_HD + 8];
+    float ps[ATT_ROWS_W][ATT_KEYS];
+    int blk_lo, blk_hi, last;
+};
+
+/* v summed over lanes c, c + 8, c + 16, c + 24 (in that order) and then by the shuffle
+ * tree 1, 2, 4 over lanes 0..7 of the row's 32: attn_tile's sum of a row's 8 threads
+ * when its thread c8 held the values of keys c8 + 8 j.  Every lane gets it. */
+static __device__ __forceinline__ float att_sum8x4(float v)
+{
+    const int base = threadIdx.x & ~31 & (warpSize - 1), c = threadIdx.x % 32;
+    const float v8 = STRATA_SHFL(v, base + ((c + 8) & 31));
+    const float v16 = STRATA_SHFL(v, base + ((c + 16) & 31));
+    const float v24 = STRATA_SHFL(v, base + ((c + 24) & 31));
+    float s = ((v + v8) + v16) + v24;
+    s += STRATA_SHFL_XOR(s, 1);
+    s += STRATA_SHFL_XOR(s, 2);
+    s += STRATA_SHFL_XOR(s, 4);
+    return STRATA_SHFL(s, base);
+}
+
+template <int DW>
+__global__ void __launch_bounds__(ATT_THREADS) attn_row_kernel(struct strata_k_attn_args a)
+{
+    __shared__ struct att_smem_w sm;
+    strata_pdl_wait();
+    strata_pdl_trigger();
+    constexpr int hd = 32 * DW;
+    const int n_gqa = a.n_head / a.n_head_kv, g = blockIdx.y, bz = blockIdx.z;
+    const int n_rows = a.n_tok * n_gqa, row0 = blockIdx.x * ATT_ROWS_W;
+    const int tid = threadIdx.x, r = tid / 32, c = tid % 32;
+    const int p0 = *a.pos0;
+    const int row = row0 + r, valid = row < n_rows;
+    const int t = valid ? row / n_gqa : 0, h = g * n_gqa + (valid ? row % n_gqa : 0);
+    const int qpos = p0 + t;
+    if (bz >= splits_used(p0 + a.n_tok, a.n_split, a.split_keys))
+        return;
+    const int r_used = splits_used(qpos + 1, a.n_split, a.split_keys);
+    const int r_lo = bz * split_width(qpos + 1, r_used);
+    const int r_hi = valid && bz < r_used
+                         ? min(qpos + 1, r_lo + split_width(qpos + 1, r_used))
+                         : r_lo;
+    if (tid == 0) {
+        sm.blk_lo = 0x7fffffff;
+        sm.blk_hi = 0;
+    }
+    __syncthreads();
+    if (c == 0 && r_hi > r_lo) {
+        atomicMin(&sm.blk_lo, r_lo);
+        atomicMax(&sm.blk_hi, r_hi);
+    }
+    for (int i = tid; i < ATT_ROWS_W * (hd / 4); i += ATT_THREADS) {
+        const int rr = i / (hd / 4), d = 4 * (i % (hd / 4));
+        *(float4 *)&sm.qs[rr][d] = att_q4(a, row0 + rr, n_rows, n_gqa, g, hd, d);
+    }
+    __syncthreads();
+    const int lo = sm.blk_lo, hi = sm.blk_hi;
+    const int64_t kv_row = (int64_t)a.n_head_kv * hd;
+    /* warp-uniform (a 64-lane wavefront holds two rows): the shuffles below need every
+     * lane of a warp; a row past the last scores masked keys only */
+    const int wlive = row0 + (int)(tid - tid % warpSize) / 32 < n_rows;
+    const int d0 = c * DW;
+    float m = -INFINITY, l = 0.0f, o[DW];
+#pragma unroll
+    for (int j = 0; j < DW; j++)
+        o[j] = 0.0f;
+    for (int j0 = lo; j0 < hi; j0 += ATT_KEYS) {
+        __syncthreads();
+        for (int i = tid; i < ATT_KEYS * (hd / 8); i += ATT_THREADS) {
+            const int j = i / (hd / 8), d = 8 * (i % (hd / 8));
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+            if (j0 + j < hi) {
+                kv = *(const uint4 *)(a.k_cache + (j0 + j) * kv_row + (int64_t)g * hd + d);
+                vv = *(const uint4 *)(a.v_cache + (j0 + j) * kv_row + (int64_t)g * hd + d);
+            }
+            uint32_t *kd = (uint32_t *)&sm.ks[j][d];
+            kd[0] = kv.x;
+            kd[1] = kv.y;
+            kd[2] = kv.z;
+            kd[3] = kv.w;
+            *(uint4 *)&sm.vs[j][d] = vv;
+        }
+        __syncthreads();
+        float corr = 1.0f;
+        if (wlive) {
+            float sc = 0.0f;
+#pragma unroll 8
+            for (int d = 0; d < hd; d += 4) {
+                const float4 q4 = *(const float4 *)&sm.qs[r][d];
+                const float2 k01 = __half22float2(*(const __half2 *)&sm.ks[c][d]);
+                const float2 k23 = __half22float2(*(const __half2 *)&sm.ks[c][d + 2]);
+                sc = fmaf(q4.x, k01.x, sc);
+                sc = fmaf(q4.y, k01.y, sc);
+                sc = fmaf(q4.z, k23.x, sc);
+                sc = fmaf(q4.w, k23.y, sc);
+            }
+            const int kp = j0 + c;
+            sc = kp >= r_lo && kp < r_hi ? sc : -INFINITY;
+            float mt = sc;
+#pragma unroll
+            for (int s = 16; s > 0; s >>= 1)
+                mt = fmaxf(mt, STRATA_SHFL_XOR(mt, s));
+            const float mn = fmaxf(m, mt);
+            corr = mn == -INFINITY ? 1.0f : __expf(m - mn);
+            const float p = sc == -INFINITY ? 0.0f : __expf(sc - mn);
+            sm.ps[r][c] = p;
+            l = l * corr + att_sum8x4(p);
+            m = mn;
+        }
+        __syncthreads(); /* a row's weights, from all its lanes */
+        if (!wlive)
+            continue;
+#pragma unroll
+        for (int jd = 0; jd < DW; jd++)
+            o[jd] *= corr;
+        for (int j = 0; j < ATT_KEYS; j++) {
+            const float pj = sm.ps[r][j];
+            if (DW % 2 == 0) {
+#pragma unroll
+                for (int jd = 0; jd < DW; jd += 2) {
+                    const float2 v2 = __half22float2(*(const __half2 *)&sm.vs[j][d0 + jd]);
+                    o[jd] = fmaf(pj, v2.x, o[jd]);
+                    o[jd + 1 < DW ? jd + 1 : jd] = fmaf(pj, v2.y, o[jd + 1 < DW ? jd + 1 : jd]);
+                }
+            } else {
+#pragma unroll
+                for (int jd = 0; jd < DW; jd++)
+                    o[jd] = fmaf(pj, __half2float(sm.vs[j][d0 + jd]), o[jd]);
+            }
+        }
+    }
+    __syncthreads(); /* qs is free: it holds the finished rows for the 8-bit output */
+    const int64_t orow = (int64_t)t * a.n_head + h;
+    int fin = 0;
+    if (valid && r_used == 1) {
+        if (bz == 0) {
+            const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+            for (int jd = 0; jd < DW; jd++) {
+                const float v = o[jd] * inv;
+                a.out[orow * hd + d0 + jd] = v;
+                sm.qs[r][d0 + jd] = v;
+            }
+            fin = 1;
+        }
+    } else if (valid && bz < r_used) {
+        float *sp = a.scratch + ((int64_t)bz * a.n_tok * a.n_head + orow) * (hd + 2);
+#pragma unroll
+        for (int jd = 0; jd < DW; jd++)
+            sp[d0 + jd] = o[jd];
+        if (c == 0) {
+            sp[hd] = m;
+            sp[hd + 1] = l;
+        }
+    }
+    const int nz = splits_used(p0 + a.n_tok, a.n_split, a.split_keys);
+    if (a.counters && nz > 1) {
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) {
+            int *cnt = a.counters + blockIdx.y * gridDim.x + blockIdx.x;
+            sm.last = atomicAdd(cnt, 1) == nz - 1;
+            if (sm.last)
+                *cnt = 0;
+        }
+        __syncthreads();
+        if (sm.last) {
+            /* attn_tile's merge: lanes 0..7 read the maxima and weight sums of splits c,
+             * c + 8, ... (the other lanes none) and combine them by the same tree */
+            __threadfence();
+            const int64_t n_rows_out = (int64_t)a.n_tok * a.n_head;
+            const int merge = valid && r_used > 1, nzr = merge ? r_used : 0;
+            const int nzc = c < 8 ? nzr : 0;
+            float mz[ATT_MAX_SPLIT / 8], lz[ATT_MAX_SPLIT / 8], mx = -INFINITY, L = 0.0f;
+#pragma unroll
+            for (int i = 0; i < ATT_MAX_SPLIT / 8; i++) {
+                const int z = c + 8 * i;
+                const float *sp = a.scratch + ((int64_t)z * n_rows_out + orow) * (hd + 2);
+                mz[i] = z < nzc ? att_ld(sp + hd) : -INFINITY;
+                lz[i] = z < nzc ? att_ld(sp + hd + 1) : 0.0f;
+                mx = fmaxf(mx, mz[i]);
+            }
+            mx = fmaxf(mx, STRATA_SHFL_XOR(mx, 1));
+            mx = fmaxf(mx, STRATA_SHFL_XOR(mx, 2));
+            mx = fmaxf(mx, STRATA_SHFL_XOR(mx, 4));
+#pragma unroll
+            for (int i = 0; i < ATT_MAX_SPLIT / 8; i++) {
+                const float f = mz[i] == -INFINITY ? 0.0f : __expf(mz[i] - mx);
+                L += lz[i] * f;
+                if (c < 8)
+                    sm.ps[r][c + 8 * i] = f;
+            }
+            L += STRATA_SHFL_XOR(L, 1);
+            L += STRATA_SHFL_XOR(L, 2);
+            L += STRATA_SHFL_XOR(L, 4);
+            L = STRATA_SHFL(L, tid & ~31 & (warpSize - 1));
+            __syncthreads();
+            float acc[DW];
+#pragma unroll
+            for (int jd = 0; jd < DW; jd++)
+                acc[jd] = 0.0f;
+#pragma unroll 4
+            for (int z = 0; z < nzr; z++) {
+                const float f = sm.ps[r][z];
+                const float *sp = a.scratch + ((int64_t)z * n_rows_out + orow) * (hd + 2) + d0;
+#pragma unroll
+                for (int jd = 0; jd < DW; jd++)
+                    acc[jd] += att_ld(sp + jd) * f;
+            }
+            if (merge) {
+#pragma unroll
+                for (int jd = 0; jd < DW; jd++) {
+                    const float v = L > 0.0f ? acc[jd] / L : 0.0f;
+                    a.out[orow * hd + d0 + jd] = v;
+                    sm.qs[r][d0 + jd] = v;
+                }
+                fin = 1;
+            }
+        }
+    }
+    if (a.out_q8) {
+        /* attn_tile's 8-bit output: lane c < hd / 16 takes 16 values (half a block) */
+        __syncthreads();
+        uint8_t *yq = (uint8_t *)a.out_q8 + (int64_t)t * a.out_q8_row;
+        const int64_t nq = (int64_t)a.n_head * hd;
+        const int act = fin && c < hd / 16;
+        const float *v = &sm.qs[r][act ? 16 * c : 0];
+        float amax = 0.0f;
+        if (act)
+            for (int j = 0; j < 16; j++)
+                amax = fmaxf(amax, fabsf(v[j]));
+        amax = fmaxf(amax, STRATA_SHFL_XOR(amax, 1));
+        const float d = amax / 127.0f;
+        if (act) {
+            const int64_t i0 = (int64_t)h * hd + 16 * c;
+            for (int j = 0; j < 16; j += 4) {
+                uint32_t pk = 0;
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++)
+                    pk |= (uint32_t)(uint8_t)(int8_t)(d > 0.0f ? __float2int_rn(v[j + jj] / d) : 0)
+                          << (8 * jj);
+                *(uint32_t *)(yq + i0 + j) = pk;
+            }
+            if (c % 2 == 0)
+                ((float *)(yq + nq))[i0 / 32] = d;
+        }
+    }
+}
+
+/* STRATA_NO_ATT_ROW=1: decodes on attn_kernel's tiles too */
+static int att_row_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("STRATA_NO_ATT_ROW");
+        on = !(e && *e && strcmp(e, "0") != 0);
+    }
+    return on;
 }
 
 /* ---- prefill on the matrix units (NVIDIA sm_80+) ----
@@ -298,6 +585,17 @@ size_t strata_k_attn_scratch_bytes(int n_tok, int n_head, int hd, int n_split)
     return n_split > 1 ? sizeof(float) * (size_t)n_split * n_tok * n_head * (hd + 2) : 0;
 }
 
+/* The splits' merge as its own launch (no counters) */
+static int attn_merge_launch(struct strata_gpu_ctx *ctx, const struct strata_k_attn_args *a,
+                             struct strata_err *err)
+{
+    dim3 g2((unsigned)(a->n_tok * a->n_head)), b2(128);
+    strata_k_launch(ctx, attn_merge_kernel, g2, b2, (const float *)a->scratch, a->out,
+                    a->n_tok * a->n_head, a->hd, a->n_split, a->pos0, a->n_head, a->split_keys);
+    return strata_k_check(ctx, "attn_merge_kernel", g2, b2, err, "rows=%d hd=%d n_split=%d",
+                          a->n_tok * a->n_head, a->hd, a->n_split);
+}
+
 int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_args *a,
                        struct strata_err *err)
 {
@@ -333,6 +631,23 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
                               "n_tok=%d n_head=%d n_head_kv=%d hd=%d max_kv=%d", a->n_tok,
                               a->n_head, a->n_head_kv, a->hd, a->max_kv);
     }
+    if (n_rows <= ATT_ROWS_W && a->hd % 32 == 0 && !a->tiles && att_row_on()) {
+        /* decode-sized: a 32-lane group a row (the same bits as attn_kernel) */
+        dim3 gw(1, (unsigned)a->n_head_kv, (unsigned)a->n_split), bw(ATT_THREADS);
+        switch (a->hd / 32) {
+        case 1: strata_k_launch(ctx, attn_row_kernel<1>, gw, bw, *a); break;
+        case 2: strata_k_launch(ctx, attn_row_kernel<2>, gw, bw, *a); break;
+        case 3: strata_k_launch(ctx, attn_row_kernel<3>, gw, bw, *a); break;
+        default: strata_k_launch(ctx, attn_row_kernel<4>, gw, bw, *a); break;
+        }
+        int rc = strata_k_check(ctx, "attn_row_kernel", gw, bw, err,
+                                "n_tok=%d n_head=%d n_head_kv=%d hd=%d n_split=%d max_kv=%d",
+                                a->n_tok, a->n_head, a->n_head_kv, a->hd, a->n_split,
+                                a->max_kv);
+        if (rc || a->n_split == 1 || a->counters)
+            return rc;
+        return attn_merge_launch(ctx, a, err);
+    }
     dim3 grid((unsigned)((n_rows + ATT_ROWS - 1) / ATT_ROWS), (unsigned)a->n_head_kv,
               (unsigned)a->n_split),
         block(ATT_THREADS);
@@ -356,9 +671,5 @@ int strata_k_attention(struct strata_gpu_ctx *ctx, const struct strata_k_attn_ar
                             a->n_tok, a->n_head, a->n_head_kv, a->hd, a->n_split, a->max_kv);
     if (rc || a->n_split == 1 || a->counters)
         return rc;
-    dim3 g2((unsigned)(a->n_tok * a->n_head)), b2(128);
-    strata_k_launch(ctx, attn_merge_kernel, g2, b2, (const float *)a->scratch, a->out,
-                    a->n_tok * a->n_head, a->hd, a->n_split, a->pos0, a->n_head, a->split_keys);
-    return strata_k_check(ctx, "attn_merge_kernel", g2, b2, err, "rows=%d hd=%d n_split=%d",
-                          a->n_tok * a->n_head, a->hd, a->n_split);
+    return attn_merge_launch(ctx, a, err);
 }

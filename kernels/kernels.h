@@ -361,6 +361,9 @@ struct strata_k_attn_args {
      * or 128 runs on the matrix units where the device has them (NVIDIA sm_80+): q and P
      * rounded to f16, sums in f32 (prefill; the FMA kernel otherwise) */
     int mma;
+    /* 1: batches of at most 8 rows a kv head (decodes) on the 32-row tiles of larger
+     * batches too, instead of a 32-lane group a row; the same bits either way (tests) */
+    int tiles;
 };
 /* ints of the counters of strata_k_attention for batches of up to n_tok tokens */
 size_t strata_k_attn_counters(int n_tok, int n_head, int n_head_kv);

@@ -1137,6 +1137,8 @@ static int c_attention(int dev, int mode, char *shapes, size_t sc, char *msg, si
     uint8_t *dq8 = q8 ? (uint8_t *)st_dev(&s, qrb * n_tok) : NULL;
     uint8_t *h8 = q8 ? (uint8_t *)st_host(&s, qrb * n_tok) : NULL;
     int *hcnt = q8 ? (int *)st_host(&s, sizeof(int) * n_cnt) : NULL;
+    float *dout2 = prefill ? NULL : (float *)st_dev(&s, 4 * nq);
+    uint8_t *dq82 = q8 ? (uint8_t *)st_dev(&s, qrb * n_tok) : NULL;
     if (q8 && !s.rc)
         ST_RT(&s, cudaMemset(dcnt, 0, sizeof(int) * n_cnt));
     if (!s.rc) {
@@ -1163,9 +1165,34 @@ static int c_attention(int dev, int mode, char *shapes, size_t sc, char *msg, si
         int rc = strata_k_attention(&s.ctx, &a, &err);
         st_launched(&s, prefill ? "attention prefill" : q8 ? "attention q8" : "attention decode",
                     rc, &err, dout, 4 * nq);
+        if (!prefill && !s.rc) {
+            /* a decode's rows a 32-lane group each, or on the 32-row tiles of a larger
+             * batch: the same bits */
+            a.out = dout2;
+            a.out_q8 = dq82;
+            a.tiles = 1;
+            rc = strata_k_attention(&s.ctx, &a, &err);
+            st_launched(&s, q8 ? "attention q8 (tiles)" : "attention decode (tiles)", rc, &err,
+                        dout2, 4 * nq);
+        }
     }
     st_down(&s, got, dout, 4 * nq);
     st_compare(&s, "attention", got, ref, nq, 2e-5, 2e-4);
+    if (!prefill) {
+        float *got2 = (float *)st_host(&s, 4 * nq);
+        st_down(&s, got2, dout2, 4 * nq);
+        if (!s.rc && memcmp(got, got2, 4 * (size_t)nq))
+            st_fail(&s, STRATA_SELFTEST_WRONG,
+                    "attention: a decode's row groups and the batch tiles differ");
+        if (q8 && !s.rc) {
+            uint8_t *a8 = (uint8_t *)st_host(&s, qrb * n_tok), *b8 = (uint8_t *)st_host(&s, qrb * n_tok);
+            st_down(&s, a8, dq8, qrb * n_tok);
+            st_down(&s, b8, dq82, qrb * n_tok);
+            if (!s.rc && memcmp(a8, b8, qrb * n_tok))
+                st_fail(&s, STRATA_SELFTEST_WRONG,
+                        "attention: a decode's 8-bit rows differ between row groups and tiles");
+        }
+    }
     if (q8) {
         st_down(&s, h8, dq8, qrb * n_tok);
         st_down(&s, hcnt, dcnt, sizeof(int) * n_cnt);

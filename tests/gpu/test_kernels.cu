@@ -1246,6 +1246,42 @@ static void test_attention(int n_tok, int pos0, int n_head, int n_head_kv, int h
            with_q8 ? ", 8-bit output" : "", run, n_tok, pos0, n_head, n_head_kv, hd, n_split,
            e2, zero ? "zero" : "left set", same8 ? "equal" : "differ", rc ? err.msg : "");
     }
+    if (n_tok * gqa <= 8 && with_q8) {
+        /* a decode-sized batch runs a 32-lane group a row; on the 32-row tiles of larger
+         * batches it must give the same bits (a decode and a verify window agree), with
+         * the merge in the last block and with the merge launch */
+        float *t_out = (float *)malloc(4 * nq);
+        uint8_t *t8 = (uint8_t *)malloc(qrb * n_tok);
+        a.tiles = 1;
+        kt_poison(dout, 4 * nq);
+        kt_poison(dq8, qrb * n_tok);
+        rc = strata_k_attention(&ctx, &a, &err);
+        KT_CUDA(cudaDeviceSynchronize());
+        kt_down(t_out, dout, 4 * nq);
+        kt_down(t8, dq8, qrb * n_tok);
+        int same8 = 1;
+        for (int t = 0; t < n_tok; t++)
+            same8 &= memcmp(g8 + t * qrb, t8 + t * qrb, nh + nh / 8) == 0;
+        ok(!rc && !memcmp(t_out, got2, 4 * (size_t)nq) && same8,
+           "attention n_tok=%d pos0=%d heads %d/%d hd=%d split %d: a row a 32-lane group = "
+           "the 32-row tiles, bit for bit (last-block merge) %s", n_tok, pos0, n_head,
+           n_head_kv, hd, n_split, rc ? err.msg : "");
+        a.counters = NULL;
+        a.out_q8 = NULL;
+        for (int tiles = 0; tiles < 2; tiles++) {
+            a.tiles = tiles;
+            kt_poison(dout, 4 * nq);
+            rc = strata_k_attention(&ctx, &a, &err);
+            KT_CUDA(cudaDeviceSynchronize());
+            kt_down(tiles ? t_out : got2, dout, 4 * nq);
+        }
+        ok(!rc && !memcmp(t_out, got2, 4 * (size_t)nq),
+           "attention n_tok=%d pos0=%d heads %d/%d hd=%d split %d: a row a 32-lane group = "
+           "the 32-row tiles, bit for bit (merge launch) %s", n_tok, pos0, n_head, n_head_kv,
+           hd, n_split, rc ? err.msg : "");
+        free(t_out);
+        free(t8);
+    }
     cudaFree(dcnt); cudaFree(dq8); cudaFree(dq8r);
     free(g8); free(r8); free(got2); free(hcnt);
     cudaFree(dq); cudaFree(dout); cudaFree(dk); cudaFree(dv); cudaFree(dpos);
@@ -1568,6 +1604,9 @@ static void test_ops(void)
     test_attention(1, 40, 32, 4, 128, 32, 32);
     test_attention(1, 100, 32, 4, 128, 32, 32);
     test_attention(1, 1000, 32, 4, 128, 32, 32); /* every one of 32 splits merged */
+    test_attention(2, 260, 8, 2, 64, 4);            /* two tokens, 8 rows: row groups */
+    test_attention(1, 90, 6, 2, 96, 2);             /* 3 rows of 8, hd 96 */
+    test_attention(1, 33, 4, 4, 32, 1);             /* one row a kv head, hd 32 */
     test_attention(17, 50, 32, 4, 128, 32, 32);
     test_attention(3, 517, 12, 3, 96, 9, 64);
     /* prefill on the matrix units: GQA 8, 4 and 1, a first chunk and later chunks, rows
