@@ -6,7 +6,7 @@
 #                                             (default devrun-p)
 #   scripts/gpu-profile.sh run [DIR] [WHAT]   there: WHAT is any of bench, ncu, offload,
 #                                             check, ab, offmem, offtest, prof, spec, xcpu,
-#                                             diag, ncupp, gpushell, specgpu, e2e, pcie,
+#                                             diag, ncupp, ncudec, gpushell, specgpu, e2e, pcie,
 #                                             spectrace (default
 #                                             bench ncu offload)
 #
@@ -21,9 +21,10 @@
 # setting of $OFFENV (space-separated settings, each VAR=VALUE[,VAR=VALUE...], "-"
 # for none; more options in $OFFARGS, e.g. --reps 3).  offtest: test_expert_offload.  prof: per-operation times (STRATA_GPU_PROFILE=1).  spec:
 # scripts/bench-spec.sh on the host's CPU (all its threads, or $SPEC_THREADS; more
-# options in $SPEC_ARGS).  ncupp: Nsight Compute's full report of a few prefill kernels.
-# gpushell: the GPU shell tests (tests/gpu/t0610, t0612, t0900) on the packed programs
-# and fixtures.  specgpu: scripts/bench-spec.sh on the GPU (-F 512; more in $SPEC_ARGS).
+# options in $SPEC_ARGS).  ncupp: Nsight Compute's full report of a few prefill kernels;
+# ncudec: the same for a few decode kernels.  gpushell: the GPU shell tests
+# (tests/gpu/t0610, t0612, t0900) on the packed programs and fixtures.  specgpu:
+# scripts/bench-spec.sh on the GPU (-F 512; more in $SPEC_ARGS).
 # The fixtures do not fit one transfer: pack the F16 models in one run and the
 # quantised ones (Q8_0, IQ*) in another.
 # xcpu: bench_expert_cpu.  pcie: bench_pcie (host-to-device bandwidth, copy engine and
@@ -120,6 +121,14 @@ for w in $what; do
             --launch-count ${NCU_COUNT:-6} --set full --page details \
             "$d/bench_gpu" --pp 512 --tg 2 --reps 1 > "$out/ncupp.txt" 2> "$out/ncupp.err"
         echo "ncupp: exit $?, $(wc -l < "$out/ncupp.txt") lines"; tail -3 "$out/ncupp.err" ;;
+    ncudec)
+        # decode kernels in detail (stall reasons, throughput): $NCU_KERNELS, a regex;
+        # $NCU_SKIP matching launches skipped (past the prompt's), $NCU_COUNT profiled
+        timeout 400 ncu --graph-profiling node --clock-control none --cache-control none \
+            --kernel-name "regex:${NCU_KERNELS:-mvq_kernel|moe_router|attn_kernel|qkv_post}" \
+            --launch-skip ${NCU_SKIP:-300} --launch-count ${NCU_COUNT:-14} --set full \
+            --page details "$d/bench_gpu" --pp 16 --tg 6 --reps 1 > "$out/ncudec.txt" 2> "$out/ncudec.err"
+        echo "ncudec: exit $?, $(wc -l < "$out/ncudec.txt") lines"; tail -3 "$out/ncudec.err" ;;
     gpushell)
         for t in t0610-gpu-stories t0612-gpu-perplexity t0900-gpu-spec; do
             STRATA_BIN=$(cd "$d" && pwd)/bin STRATA_ROOT=$(pwd) \
