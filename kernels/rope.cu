@@ -31,6 +31,8 @@ void strata_k_rope_init(struct strata_k_rope *r, int mode, int n_rot, float freq
 __global__ void qkv_post_kernel(struct strata_k_qkv_args a, struct strata_k_rope rp)
 {
     __shared__ float scratch[STRATA_GPU_MAX_WARP];
+    strata_pdl_wait();
+    strata_pdl_trigger();
     qkv_post_head(a, rp, blockIdx.x, blockIdx.y, threadIdx.x, 1,
                   [&](float v) { return strata_block_sum(v, scratch); });
 }
@@ -45,7 +47,7 @@ int strata_k_qkv_post(struct strata_gpu_ctx *ctx, const struct strata_k_qkv_args
                             a->n_tok, a->n_head, a->n_head_kv, a->hd, a->rope->n_rot);
     int threads = qkv_post_threads(a->hd);
     dim3 grid((unsigned)(a->n_head + 2 * a->n_head_kv), (unsigned)a->n_tok), block(threads);
-    qkv_post_kernel<<<grid, block, 0, ctx->stream>>>(*a, *a->rope);
+    strata_k_launch(ctx, qkv_post_kernel, grid, block, *a, *a->rope);
     return strata_k_check(ctx, "qkv_post_kernel", grid, block, err,
                           "n_tok=%d n_head=%d n_head_kv=%d hd=%d", a->n_tok, a->n_head,
                           a->n_head_kv, a->hd);
