@@ -20,11 +20,81 @@ static __device__ __forceinline__ float fma4(float4 a, float4 b, float s)
     return fmaf(a.w, b.w, s);
 }
 
+#define ROUTE_REG 8 /* logits a lane keeps in registers: n_expert <= 8 * warpSize */
+
+/* route_warp for n_expert <= ROUTE_REG * warpSize, with lane l's logits (experts l, l +
+ * warpSize, ...) in registers instead of shared memory: the same comparisons and sums
+ * in the same order, so the same ids and weights. */
+static __device__ void route_warp_reg(const float *p, int n_expert, int k, int norm,
+                                      float scale, int32_t *__restrict__ ids,
+                                      float *__restrict__ w)
+{
+    const int lane = threadIdx.x % warpSize;
+    float v[ROUTE_REG], mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < ROUTE_REG; i++) {
+        const int e = lane + i * warpSize;
+        v[i] = e < n_expert ? p[e] : -INFINITY;
+        if (v[i] != v[i]) /* NaN: never chosen (route_warp) */
+            v[i] = -INFINITY;
+        mx = fmaxf(mx, v[i]);
+    }
+    mx = strata_warp_max(mx);
+    if (mx == -INFINITY)
+        mx = 0.0f;
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ROUTE_REG; i++)
+        if (lane + i * warpSize < n_expert) {
+            v[i] = expf(v[i] - mx);
+            s += v[i];
+        }
+    s = strata_warp_sum(s);
+    float sel = 0.0f, wmine = 0.0f;
+    int imine = 0;
+    for (int j = 0; j < k; j++) {
+        float bv = -1.0f;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < ROUTE_REG; i++)
+            if (lane + i * warpSize < n_expert && v[i] > bv) {
+                bv = v[i];
+                bi = lane + i * warpSize;
+            }
+        for (int m = warpSize / 2; m > 0; m >>= 1) {
+            float ov = STRATA_SHFL_XOR(bv, m);
+            int oi = STRATA_SHFL_XOR(bi, m);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < ROUTE_REG; i++)
+            if (lane + i * warpSize == bi)
+                v[i] = -2.0f;
+        if (lane == j) {
+            wmine = bv / s;
+            imine = bi;
+        }
+        sel += bv / s;
+    }
+    if (lane < k) {
+        ids[lane] = imine;
+        w[lane] = (norm ? wmine / sel : wmine) * scale;
+    }
+}
+
 /* The routing of one token by one warp: p (shared memory) holds its n_expert logits;
- * the softmax and k rounds of a warp argmax, shuffles only; ids [k] and w [k] out. */
+ * the softmax and k rounds of a warp argmax, shuffles only; ids [k] and w [k] out.  p
+ * may be overwritten. */
 static __device__ void route_warp(float *p, int n_expert, int k, int norm, float scale,
                                   int32_t *__restrict__ ids, float *__restrict__ w)
 {
+    if (n_expert <= ROUTE_REG * warpSize) {
+        route_warp_reg(p, n_expert, k, norm, scale, ids, w);
+        return;
+    }
     int lane = threadIdx.x % warpSize;
     float mx = -INFINITY;
     for (int e = lane; e < n_expert; e += warpSize) {

@@ -121,12 +121,15 @@ static __device__ void norm_q8_row(const float *x, int n, int norm, const float 
  * dot(row, u, xq, xd): the sum over values 32u .. 32u + 31 of a row's quantised
  * weights times the q8 activations (xq: the row's int8 quants, xd: its block scales). */
 
-/* 4 bytes at a 2-byte aligned address, from aligned words (a funnel shift). */
-static __device__ __forceinline__ uint32_t ld4_a2(const uint8_t *p)
+/* 8 bytes at a 2-byte aligned address as two words, from aligned words (funnel shifts):
+ * three loads where two 4-byte reads would take four, none past p + 8 */
+static __device__ __forceinline__ void ld8_a2(const uint8_t *p, uint32_t *lo, uint32_t *hi)
 {
     const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
-    uint32_t sh = ((uintptr_t)p & 2) * 8;
-    return (uint32_t)((((uint64_t)a[1] << 32) | a[0]) >> sh);
+    const uint32_t sh = ((uintptr_t)p & 2) * 8;
+    const uint32_t w0 = a[0], w1 = a[1], w2 = sh ? a[2] : 0;
+    *lo = sh ? (uint32_t)((((uint64_t)w1 << 32) | w0) >> sh) : w0;
+    *hi = sh ? (uint32_t)((((uint64_t)w2 << 32) | w1) >> sh) : w1;
 }
 
 /* The integer sum over Q6_K values 32 s + l0 + 0..7 of one half (ip) of a super-block
@@ -291,16 +294,18 @@ template <> struct mvq<KT_Q6_K> {
         const uint8_t *b = row + (u >> 3) * 210;
         int ip = (u >> 2) & 1, l0 = 8 * (u & 3);
         const uint8_t *qa = b + 64 * ip + l0, *qh = b + 128 + 32 * ip + l0;
-        uint32_t a0 = ld4_a2(qa), a1 = ld4_a2(qa + 4);
-        uint32_t c0 = ld4_a2(qa + 32), c1 = ld4_a2(qa + 36);
-        uint32_t h0 = ld4_a2(qh), h1 = ld4_a2(qh + 4);
-        const uint8_t *scp = b + 192 + 8 * ip;
-        int is8 = 8 * (l0 >> 4);
+        uint32_t a0, a1, c0, c1, h0, h1, S0, S1;
+        ld8_a2(qa, &a0, &a1);
+        ld8_a2(qa + 32, &c0, &c1);
+        ld8_a2(qh, &h0, &h1);
+        ld8_a2(b + 192 + 8 * ip, &S0, &S1); /* the 8 scales of this half */
+        const int is = l0 >> 4;
         float acc = 0.0f;
 #pragma unroll
         for (int s = 0; s < 4; s++) {
             int dt = q6k_dot8(a0, a1, c0, c1, h0, h1, s, x.xv[s], x.xs[s]);
-            int sc = (int)(int8_t)(ld16(scp + 2 * s) >> is8);
+            const int j = 2 * s + is;
+            int sc = (int)(int8_t)((j < 4 ? S0 : S1) >> (8 * (j & 3)));
             acc += x.xd[s] * (float)(sc * dt);
         }
         return ldh(b + 208) * acc;

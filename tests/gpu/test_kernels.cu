@@ -1620,6 +1620,8 @@ static void test_ops(void)
     test_route_combine(1, 128, 8, 1);
     test_route_combine(9, 16, 4, 1);
     test_route_combine(3, 60, 6, 0);
+    test_route_combine(2, 256, 8, 1); /* the most experts a lane's registers hold */
+    test_route_combine(2, 257, 8, 0); /* one more: the shared-memory rounds */
     test_route_nan(128, 8);
     test_route_nan(40, 6);
     test_matmul(STRATA_TYPE_F16, 256, 100, 37, 0, 0, 0, 1);
