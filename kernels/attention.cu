@@ -104,10 +104,28 @@ template <int DW>
 __global__ void __launch_bounds__(ATT_THREADS) attn_row_kernel(struct strata_k_attn_args a)
 {
     __shared__ struct att_smem_w sm;
-    strata_pdl_wait();
-    strata_pdl_trigger();
     constexpr int hd = 32 * DW;
     const int n_gqa = a.n_head / a.n_head_kv, g = blockIdx.y, bz = blockIdx.z;
+    const int64_t kv_row = (int64_t)a.n_head_kv * hd;
+    {
+        /* The kv rows before this batch's own do not depend on the kernel before (it
+         * stores the batch's rows), nor does *pos0 (copied before the step's first
+         * kernel): this split's rows, as its last query sees them, on their way to L2
+         * meanwhile. */
+        const int e0 = *a.pos0, kv_end = e0 + a.n_tok;
+        const int used = splits_used(kv_end, a.n_split, a.split_keys);
+        if (bz < used) {
+            const int w = split_width(kv_end, used), lo = bz * w, hi = min(e0, lo + w);
+            constexpr int lpr = (2 * hd + 127) / 128; /* lines of a head's row */
+            for (int i = threadIdx.x; i < (hi - lo) * lpr; i += ATT_THREADS) {
+                const int64_t o = (lo + i / lpr) * kv_row + (int64_t)g * hd + 64 * (i % lpr);
+                strata_prefetch_l2(a.k_cache + o);
+                strata_prefetch_l2(a.v_cache + o);
+            }
+        }
+    }
+    strata_pdl_wait();
+    strata_pdl_trigger();
     const int n_rows = a.n_tok * n_gqa, row0 = blockIdx.x * ATT_ROWS_W;
     const int tid = threadIdx.x, r = tid / 32, c = tid % 32;
     const int p0 = *a.pos0;
@@ -136,7 +154,6 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_row_kernel(struct strata_k_a
     }
     __syncthreads();
     const int lo = sm.blk_lo, hi = sm.blk_hi;
-    const int64_t kv_row = (int64_t)a.n_head_kv * hd;
     /* warp-uniform (a 64-lane wavefront holds two rows): the shuffles below need every
      * lane of a warp; a row past the last scores masked keys only */
     const int wlive = row0 + (int)(tid - tid % warpSize) / 32 < n_rows;

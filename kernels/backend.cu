@@ -1341,7 +1341,6 @@ static int ffn_q8(struct gpu_state *s, const struct strata_k_weight *g,
     a.x_group = k;
     a.xq = s->xq;
     a.yq = s->actq;
-    a.next = d;
     prof_mark(s, ids ? "moe_gate_up" : "ffn_gate_up");
     if ((*rc = strata_k_matvec_q8(&s->ctx, &a, err)))
         return 0;

@@ -257,15 +257,11 @@ struct strata_k_mvq_args {
      * block 0 also writes them to in_norm->y, if not NULL, and in_norm->yq, required),
      * so that no norm launch precedes the product; xq is then not read.  Streamed
      * whatever stage says, except -1; where the streamed kernel does not apply,
-     * strata_k_quantize_q8 runs first (same bits). */
+     * strata_k_quantize_q8 runs first (same bits).  PLAIN launches without ids ask L2
+     * for their own rows before they wait for the kernel before (STRATA_NO_L2_AHEAD=1:
+     * not). */
     const float *x_in;
     const struct strata_k_norm_q8 *in_norm;
-    /* GLU with ids and no etab (or NULL): the matrices of the product that follows
-     * (the experts' down, stacked nb2 bytes apart like w), of which each block asks L2
-     * for a slice of its slot's expert, so that the next launch finds them on chip.  A
-     * hint: results do not depend on it.  PLAIN launches without ids likewise ask for
-     * their own rows before waiting for the kernel before.  STRATA_NO_L2_AHEAD=1: off. */
-    const struct strata_k_weight *next;
 };
 int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_args *a,
                        struct strata_err *err);

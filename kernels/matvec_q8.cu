@@ -89,13 +89,9 @@ struct mvq_params {
     float ineps;
     float *iny;
     uint8_t *inyq;
-    /* weights asked for in L2 ahead of their reads (strata_k_mvq_args.next): ahead != 0
-     * lets a PLAIN launch without ids ask for its own rows before the PDL wait (a
-     * streamed one for its second chunk); nx (GLU): the next product's matrices, nx_nb2
-     * bytes apart, nx_bytes of them per expert */
+    /* ahead != 0: a PLAIN launch without ids asks L2 for its own rows before the PDL
+     * wait (a streamed one for its second chunk) */
     int ahead;
-    const uint8_t *nx;
-    size_t nx_nb2, nx_bytes;
 };
 
 /* MODE: STRATA_K_MVQ_*; R rows per row group (GLU blocks of 512 threads: two a
@@ -123,15 +119,6 @@ __global__ void __launch_bounds__(512, MODE == STRATA_K_MVQ_GLU ? 2 : 1)
     }
     strata_pdl_wait();
     strata_pdl_trigger();
-    /* GLU: a slice of the next product's matrix of this slot's expert (the experts' down
-     * rows the COMBINE launch reads), so that it finds them in L2 */
-    if (MODE == STRATA_K_MVQ_GLU && p.nx && p.ids) {
-        const size_t sl = ((p.nx_bytes + gridDim.x - 1) / gridDim.x + 127) & ~(size_t)127;
-        const size_t o = (size_t)blockIdx.x * sl;
-        if (o < p.nx_bytes)
-            strata_prefetch_l2_bytes(p.nx + (size_t)p.ids[s] * p.nx_nb2 + o,
-                                     min(sl, p.nx_bytes - o), threadIdx.x, blockDim.x);
-    }
     /* rows past ne1 re-read the last row (in bounds) and are not written: every lane
      * must reach the shuffles */
     size_t roff[R];
@@ -550,8 +537,8 @@ static void mvq_launch(dim3 grid, dim3 block, const struct strata_gpu_ctx *ctx,
     strata_k_launch(ctx, mvq_kernel<T, MODE, R, STAGE>, grid, block, p);
 }
 
-/* Weights asked for in L2 ahead of their reads (mvq_params.ahead, .nx): on unless
- * STRATA_NO_L2_AHEAD=1 */
+/* A PLAIN launch's own rows asked for in L2 before its PDL wait (mvq_params.ahead):
+ * on unless STRATA_NO_L2_AHEAD=1 (read once) */
 static int mvq_ahead_on(void)
 {
     static int on = -1;
@@ -646,13 +633,6 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     p.iny = NULL;
     p.inyq = NULL;
     p.ahead = mvq_ahead_on();
-    p.nx = NULL;
-    p.nx_nb2 = p.nx_bytes = 0;
-    if (p.ahead && mode == STRATA_K_MVQ_GLU && a->ids && !p.tab && a->next) {
-        p.nx = (const uint8_t *)a->next->data;
-        p.nx_nb2 = a->next->nb2;
-        p.nx_bytes = (size_t)a->next->ne1 * a->next->nb1;
-    }
     p.tpr = strata_k_mvq_tpr(p.nu, p.k);
     /* two rows per group share the activation loads of large matrices */
     int R = mode == STRATA_K_MVQ_GLU ? 2 : mode == STRATA_K_MVQ_PLAIN && w->ne1 >= 16384 ? 2 : 1;

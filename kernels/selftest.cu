@@ -745,7 +745,6 @@ static int c_matvec_q8(int dev, int type, char *shapes, size_t sc, char *msg, si
         a.y = dy + (m == 0 ? 0 : m == 1 ? 2 : 6) * ne1;
         a.y_stride = ne1;
         a.add = m == 2 ? a.y : NULL;
-        a.next = m == 1 ? &w.kw : NULL; /* a hint of the same shape: same results */
         struct strata_err err = {0, ""};
         int rc = strata_k_matvec_q8(&s.ctx, &a, &err);
         st_launched(&s, names[m], rc, &err, a.y, sizeof(float) * ne1 * a.n_slot);
