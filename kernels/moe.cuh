@@ -87,7 +87,7 @@ static __device__ void route_warp_reg(const float *p, int n_expert, int k, int n
 
 /* The routing of one token by one warp: p (shared memory) holds its n_expert logits;
  * the softmax and k rounds of a warp argmax, shuffles only; ids [k] and w [k] out.  p
- * may be overwritten. */
+ * may be overwritten (more than ROUTE_REG * warpSize experts). */
 static __device__ void route_warp(float *p, int n_expert, int k, int norm, float scale,
                                   int32_t *__restrict__ ids, float *__restrict__ w)
 {

@@ -122,7 +122,8 @@ static __device__ void norm_q8_row(const float *x, int n, int norm, const float 
  * weights times the q8 activations (xq: the row's int8 quants, xd: its block scales). */
 
 /* 8 bytes at a 2-byte aligned address as two words, from aligned words (funnel shifts):
- * three loads where two 4-byte reads would take four, none past p + 8 */
+ * three loads where two 4-byte reads would take four; no word past the one that holds
+ * p + 7 */
 static __device__ __forceinline__ void ld8_a2(const uint8_t *p, uint32_t *lo, uint32_t *hi)
 {
     const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);

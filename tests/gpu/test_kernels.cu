@@ -1605,8 +1605,12 @@ static void test_ops(void)
     test_attention(1, 100, 32, 4, 128, 32, 32);
     test_attention(1, 1000, 32, 4, 128, 32, 32); /* every one of 32 splits merged */
     test_attention(2, 260, 8, 2, 64, 4);            /* two tokens, 8 rows: row groups */
-    test_attention(1, 90, 6, 2, 96, 2);             /* 3 rows of 8, hd 96 */
+    test_attention(1, 90, 6, 2, 96, 2, 32);         /* 3 rows of 8, hd 96, 2 splits */
     test_attention(1, 33, 4, 4, 32, 1);             /* one row a kv head, hd 32 */
+    test_attention(1, 500, 8, 1, 96, 8, 32);        /* 8 rows, hd 96, 8 splits merged */
+    test_attention(1, 500, 8, 1, 32, 8, 32);        /* hd 32, 8 splits */
+    test_attention(8, 1000, 8, 8, 128, 32, 32);     /* 8 tokens, rows of unequal splits */
+    test_attention(7, 200, 7, 7, 96, 5, 32);        /* 7 tokens, hd 96 */
     test_attention(17, 50, 32, 4, 128, 32, 32);
     test_attention(3, 517, 12, 3, 96, 9, 64);
     /* prefill on the matrix units: GQA 8, 4 and 1, a first chunk and later chunks, rows
