@@ -9,8 +9,6 @@
 #include "attention.cuh"
 
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
 
 /* DPT = hd / 8: the output dimensions a thread owns (contiguous, so that value rows
  * are read as half2 pairs). */
@@ -348,12 +346,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_row_kernel(struct strata_k_a
 /* STRATA_NO_ATT_ROW=1: decodes on attn_kernel's tiles too */
 static int att_row_on(void)
 {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("STRATA_NO_ATT_ROW");
-        on = !(e && *e && strcmp(e, "0") != 0);
-    }
-    return on;
+    static int off = -1;
+    return !strata_k_switch_off("STRATA_NO_ATT_ROW", &off);
 }
 
 /* ---- prefill on the matrix units (NVIDIA sm_80+) ----

@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dequant.cuh"
@@ -145,4 +146,13 @@ int strata_k_code_arch(const void *func)
         return 0;
     }
     return fa.ptxVersion;
+}
+
+int strata_k_switch_off(const char *name, int *cache)
+{
+    if (*cache < 0) {
+        const char *e = getenv(name);
+        *cache = e && *e && strcmp(e, "0") != 0;
+    }
+    return *cache;
 }

@@ -111,6 +111,11 @@ int strata_gpu_info_query(int dev, struct strata_gpu_info *info, struct strata_e
  * and the build variable to set. */
 int strata_gpu_check_image(const struct strata_gpu_info *info, struct strata_err *err);
 
+/* A kernel launcher's switch: 1 if the environment variable name is set to something
+ * other than "0" (e.g. STRATA_NO_MVQ_STREAM=1 turns a path off).  Read once: *cache, a
+ * static int of the caller's that starts at -1, keeps the answer for the process. */
+int strata_k_switch_off(const char *name, int *cache);
+
 /* The virtual architecture the loaded code of kernel func was compiled for (80 for
  * sm_80 / compute_80 code, also when the driver JIT-compiled its PTX for a newer device),
  * or 0 when the runtime cannot tell (cudaFuncGetAttributes' ptxVersion). */

@@ -414,12 +414,8 @@ static int mvq_stream_threads(size_t nb1, int tpr)
 /* STRATA_NO_MVQ_STREAM=1: large PLAIN products as mvq_kernel blocks (read once) */
 static int mvq_stream_on(void)
 {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("STRATA_NO_MVQ_STREAM");
-        on = !(e && *e && strcmp(e, "0") != 0);
-    }
-    return on;
+    static int off = -1;
+    return !strata_k_switch_off("STRATA_NO_MVQ_STREAM", &off);
 }
 
 /* Launches of mvq_stream_kernel so far (strata_k_mvq_stream_launches) */
@@ -541,24 +537,16 @@ static void mvq_launch(dim3 grid, dim3 block, const struct strata_gpu_ctx *ctx,
  * on unless STRATA_NO_L2_AHEAD=1 (read once) */
 static int mvq_ahead_on(void)
 {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("STRATA_NO_L2_AHEAD");
-        on = !(e && *e && strcmp(e, "0") != 0);
-    }
-    return on;
+    static int off = -1;
+    return !strata_k_switch_off("STRATA_NO_L2_AHEAD", &off);
 }
 
 /* Staged PLAIN launches (mvq_kernel's STAGE) for the output projection: on unless
  * STRATA_NO_MVQ_STAGE=1 (read once) */
 static int mvq_stage_on(void)
 {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("STRATA_NO_MVQ_STAGE");
-        on = !(e && *e && strcmp(e, "0") != 0);
-    }
-    return on;
+    static int off = -1;
+    return !strata_k_switch_off("STRATA_NO_MVQ_STAGE", &off);
 }
 
 int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_args *a,

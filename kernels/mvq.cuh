@@ -171,6 +171,25 @@ static __device__ __forceinline__ void scale_min_pair_k4(int g, uint32_t w0, uin
     *m = g < 2 ? b & 0x3F3F : ((c >> 4) & 0x0F0F) | ((b >> 2) & 0x3030);
 }
 
+/* The activation part of a Q4_K/Q5_K unit (mvq<T>::xu below). */
+struct mvq_k4_x {
+    int4 xl, xh;  /* the 16 activations of each sub-block's half */
+    int sl, sh;   /* their sums (the mins' terms) */
+    float d0, d1; /* their q8 block scales */
+};
+/* A Q4_K/Q5_K unit's sum from its integer dot products dl, dh (the two sub-blocks'
+ * halves) and the activations' sums: d * (scales) - dmin * (mins); dm the block's d and
+ * dmin (an f16 pair), scp and mp scale_min_pair_k4's pairs. */
+static __device__ __forceinline__ float k4_unit_sum(uint32_t dm, uint32_t scp, uint32_t mp,
+                                                    int dl, int dh, const struct mvq_k4_x &x)
+{
+    const float2 d = make_float2(strata_h2f((uint16_t)dm), strata_h2f((uint16_t)(dm >> 16)));
+    const int sc0 = (int)(scp & 0xFF), sc1 = (int)(scp >> 8);
+    const int m0 = (int)(mp & 0xFF), m1 = (int)(mp >> 8);
+    return d.x * (x.d0 * (float)(sc0 * dl) + x.d1 * (float)(sc1 * dh)) -
+           d.y * (x.d0 * (float)(m0 * x.sl) + x.d1 * (float)(m1 * x.sh));
+}
+
 /* Each type's product of one 32-value unit u, in two parts: xu(u, xq, xd) loads what
  * depends on the activations only (their quants, sums and scales), once per unit for
  * every row a lane does; dot(row, u, x) adds the row's weights against it.  The
@@ -181,11 +200,7 @@ template <int T> struct mvq;
 template <> struct mvq<KT_Q4_K> {
     /* unit u: super-block u / 8, 64-value group g, half h: 16 low nibbles (sub-block
      * 2g) and 16 high nibbles (sub-block 2g + 1) of one 16-byte load */
-    struct x_t {
-        int4 xl, xh;   /* the 16 activations of each sub-block's half */
-        int sl, sh;    /* their sums (the mins' terms) */
-        float d0, d1;  /* their q8 block scales */
-    };
+    typedef struct mvq_k4_x x_t;
     static __device__ __forceinline__ x_t xu(int u, const int8_t *xq, const float *xd)
     {
         x_t x;
@@ -225,12 +240,7 @@ template <> struct mvq<KT_Q4_K> {
         dh = strata_dp4a((int)((q.y >> 4) & k4), x.xh.y, dh);
         dh = strata_dp4a((int)((q.z >> 4) & k4), x.xh.z, dh);
         dh = strata_dp4a((int)((q.w >> 4) & k4), x.xh.w, dh);
-        const float2 d =
-            make_float2(strata_h2f((uint16_t)hd.x), strata_h2f((uint16_t)(hd.x >> 16)));
-        const int sc0 = (int)(scp & 0xFF), sc1 = (int)(scp >> 8);
-        const int m0 = (int)(mp & 0xFF), m1 = (int)(mp >> 8);
-        return d.x * (x.d0 * (float)(sc0 * dl) + x.d1 * (float)(sc1 * dh)) -
-               d.y * (x.d0 * (float)(m0 * x.sl) + x.d1 * (float)(m1 * x.sh));
+        return k4_unit_sum(hd.x, scp, mp, dl, dh, x);
     }
 };
 
@@ -258,12 +268,7 @@ template <> struct mvq<KT_Q5_K> {
     dh = strata_dp4a((int)(((q.c >> 4) & k4) | (((qh.c >> s1) & k1) << 4)), x.xh.c, dh);
         Q5_STEP(x) Q5_STEP(y) Q5_STEP(z) Q5_STEP(w)
 #undef Q5_STEP
-        const float2 d =
-            make_float2(strata_h2f((uint16_t)hd.x), strata_h2f((uint16_t)(hd.x >> 16)));
-        const int sc0 = (int)(scp & 0xFF), sc1 = (int)(scp >> 8);
-        const int m0 = (int)(mp & 0xFF), m1 = (int)(mp >> 8);
-        return d.x * (x.d0 * (float)(sc0 * dl) + x.d1 * (float)(sc1 * dh)) -
-               d.y * (x.d0 * (float)(m0 * x.sl) + x.d1 * (float)(m1 * x.sh));
+        return k4_unit_sum(hd.x, scp, mp, dl, dh, x);
     }
 };
 
