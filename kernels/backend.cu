@@ -196,18 +196,11 @@ struct gpu_state {
     unsigned long long *step_trace_host; /* [21 * n_layer + 1] */
 };
 
-/* 1 if environment variable name is set to anything but "" or "0". */
-static int env_on(const char *name)
-{
-    const char *e = getenv(name);
-    return e && *e && strcmp(e, "0") != 0;
-}
-
 #ifdef STRATA_GPU_CUDA
 /* Load cuBLAS if this machine has it; without it the mat-mat kernels do the work. */
 static void blas_open(struct gpu_state *s)
 {
-    if (env_on("STRATA_NO_BLAS"))
+    if (strata_k_env_on("STRATA_NO_BLAS"))
         return;
     const char *names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so", NULL};
     for (int i = 0; names[i] && !s->blas_lib; i++)
@@ -461,7 +454,7 @@ static void graphs_drop(struct gpu_state *s)
 static int mmh_alloc(struct gpu_state *s, size_t T, size_t A, size_t ffmax,
                      struct strata_err *err)
 {
-    if (env_on("STRATA_MM_V1") || !s->ctx.info.has_mma_f16)
+    if (strata_k_env_on("STRATA_MM_V1") || !s->ctx.info.has_mma_f16)
         return 0;
     size_t w = (size_t)s->n_embd;
     if ((size_t)s->n_q > w)
@@ -539,7 +532,7 @@ static void host_pageout(const struct strata_model *m, const void *p, size_t byt
 static void release_host_weights(const struct gpu_state *s)
 {
     const struct strata_model *m = s->m;
-    if (env_on("STRATA_KEEP_HOST_WEIGHTS"))
+    if (strata_k_env_on("STRATA_KEEP_HOST_WEIGHTS"))
         return;
     host_pageout(m, m->tok_embd.data, weight_bytes(&m->tok_embd));
     if (m->output.data != m->tok_embd.data)
@@ -746,7 +739,7 @@ static void step_setup(struct gpu_state *s)
     struct strata_k_step_layer *ly = NULL;
     int coop = 0, blocks = 0;
     s->step_blocks = 0;
-    if (!env_on("STRATA_FUSED_STEP"))
+    if (!strata_k_env_on("STRATA_FUSED_STEP"))
         return;
     if (cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, s->ctx.info.device) !=
         cudaSuccess)
@@ -774,7 +767,7 @@ static void step_setup(struct gpu_state *s)
     a->ew = s->ew;
     a->attq = s->attq;
     a->actq = s->actq;
-    a->dry = env_on("STRATA_STEP_DRY");
+    a->dry = strata_k_env_on("STRATA_STEP_DRY");
     blocks = strata_k_decode_step_blocks(&s->ctx, a, bl && *bl ? atoi(bl) : 0);
     ly = (struct strata_k_step_layer *)calloc(hp->n_layer, sizeof(*ly));
     if (blocks <= 0 || !ly)
@@ -820,7 +813,7 @@ static void step_setup(struct gpu_state *s)
         gpu_call(s, cudaMemset(a->bar, 0, sizeof(*a->bar)), "cudaMemset (decode step barrier)",
                  &err))
         goto off;
-    if (env_on("STRATA_STEP_TRACE")) {
+    if (strata_k_env_on("STRATA_STEP_TRACE")) {
         const size_t nt = 21 * (size_t)a->n_layer + 1;
         s->step_trace_host = (unsigned long long *)calloc(nt, sizeof(unsigned long long));
         if (!s->step_trace_host ||
@@ -883,26 +876,26 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
                        "cudaStreamCreate", err)))
         goto out;
     {
-        s->ctx.sync_debug = env_on("STRATA_SYNC_DEBUG");
-        s->prof = env_on("STRATA_GPU_PROFILE");
-        s->use_q8 = !env_on("STRATA_NO_MVQ");
-        s->fuse = env_on("STRATA_FUSE");
-        s->blas_f32 = !env_on("STRATA_NO_BLAS_F32");
-        s->fuse_route = s->fuse || !env_on("STRATA_NO_FUSE_ROUTE");
-        s->norm_route = !env_on("STRATA_NO_NORM_ROUTE");
-        s->norm_mv = !env_on("STRATA_NO_NORM_MV");
-        s->attn_q8 = !env_on("STRATA_NO_ATTQ");
-        s->att_split_keys = env_on("STRATA_ATT_LONG_SPLITS") ? 0 : 32;
-        s->pin_in = !env_on("STRATA_NO_PIN_IN");
+        s->ctx.sync_debug = strata_k_env_on("STRATA_SYNC_DEBUG");
+        s->prof = strata_k_env_on("STRATA_GPU_PROFILE");
+        s->use_q8 = !strata_k_env_on("STRATA_NO_MVQ");
+        s->fuse = strata_k_env_on("STRATA_FUSE");
+        s->blas_f32 = !strata_k_env_on("STRATA_NO_BLAS_F32");
+        s->fuse_route = s->fuse || !strata_k_env_on("STRATA_NO_FUSE_ROUTE");
+        s->norm_route = !strata_k_env_on("STRATA_NO_NORM_ROUTE");
+        s->norm_mv = !strata_k_env_on("STRATA_NO_NORM_MV");
+        s->attn_q8 = !strata_k_env_on("STRATA_NO_ATTQ");
+        s->att_split_keys = strata_k_env_on("STRATA_ATT_LONG_SPLITS") ? 0 : 32;
+        s->pin_in = !strata_k_env_on("STRATA_NO_PIN_IN");
         const char *tc = getenv("STRATA_MVQ_TPR"); /* lanes per row of the 8-bit mat-vecs */
         strata_k_mvq_set_tpr_cap(tc ? atoi(tc) : 32);
         const char *am = getenv("STRATA_ATT_MMA");
         s->att_mma = !(am && *am && strcmp(am, "0") == 0);
         /* programmatic dependent launches (sm_90+): each decode kernel is scheduled
          * while the one before it finishes; STRATA_NO_PDL=1 turns them off */
-        s->ctx.pdl = !s->ctx.sync_debug && !env_on("STRATA_NO_PDL") &&
+        s->ctx.pdl = !s->ctx.sync_debug && !strata_k_env_on("STRATA_NO_PDL") &&
                      strncmp(s->ctx.info.arch, "sm_", 3) == 0 && atoi(s->ctx.info.arch + 3) >= 90;
-        s->use_graph = !s->ctx.sync_debug && !s->prof && !env_on("STRATA_NO_GRAPH");
+        s->use_graph = !s->ctx.sync_debug && !s->prof && !strata_k_env_on("STRATA_NO_GRAPH");
     }
     s->m = m;
     s->n_ctx = o->n_ctx;

@@ -148,11 +148,15 @@ int strata_k_code_arch(const void *func)
     return fa.ptxVersion;
 }
 
+int strata_k_env_on(const char *name)
+{
+    const char *e = getenv(name);
+    return e && *e && strcmp(e, "0") != 0;
+}
+
 int strata_k_switch_off(const char *name, int *cache)
 {
-    if (*cache < 0) {
-        const char *e = getenv(name);
-        *cache = e && *e && strcmp(e, "0") != 0;
-    }
+    if (*cache < 0)
+        *cache = strata_k_env_on(name);
     return *cache;
 }

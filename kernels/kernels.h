@@ -111,9 +111,12 @@ int strata_gpu_info_query(int dev, struct strata_gpu_info *info, struct strata_e
  * and the build variable to set. */
 int strata_gpu_check_image(const struct strata_gpu_info *info, struct strata_err *err);
 
-/* A kernel launcher's switch: 1 if the environment variable name is set to something
- * other than "0" (e.g. STRATA_NO_MVQ_STREAM=1 turns a path off).  Read once: *cache, a
- * static int of the caller's that starts at -1, keeps the answer for the process. */
+/* 1 if the environment variable name is set to something other than "0" (a switch such
+ * as STRATA_NO_MVQ_STREAM=1). */
+int strata_k_env_on(const char *name);
+
+/* strata_k_env_on(name) read once: *cache, a static int of the caller's that starts at
+ * -1, keeps the answer for the process (a kernel launcher's switch). */
 int strata_k_switch_off(const char *name, int *cache);
 
 /* The virtual architecture the loaded code of kernel func was compiled for (80 for
