@@ -27,6 +27,7 @@ struct strata_spec {
     int32_t base;  /* position of win[0] */
     int active;
     int trace;     /* STRATA_SPEC_TRACE=1: one line per window on stderr */
+    int plain;     /* STRATA_SPEC_PLAIN=1: never draft (the loop's own cost, measured) */
     /* strata_spec_set_topk: windows without drafts bring back only these */
     int32_t top_k;
     int top_lse;
@@ -145,6 +146,8 @@ int strata_spec_create(struct strata_spec **out, struct strata_engine *target,
     s->n_max = o->n_max;
     const char *tr = getenv("STRATA_SPEC_TRACE");
     s->trace = tr && *tr && strcmp(tr, "0") != 0;
+    const char *pl = getenv("STRATA_SPEC_PLAIN");
+    s->plain = pl && *pl && strcmp(pl, "0") != 0;
     strata_spec_backoff_init(&s->bo, o->n_max, o->adaptive);
     s->n_vocab = strata_engine_n_vocab(target);
     s->rows = malloc((size_t)(o->n_max + 1) * (size_t)s->n_vocab * sizeof *s->rows);
@@ -528,7 +531,7 @@ int strata_spec_next(struct strata_spec *s, int32_t id, const float **logits,
 
     const int32_t n_past = strata_engine_n_past(s->e);
     int32_t room = strata_engine_n_ctx(s->e) - n_past - 1;
-    int32_t k_max = s->have_draft ? strata_spec_backoff_choose(&s->bo) : 0;
+    int32_t k_max = s->have_draft && !s->plain ? strata_spec_backoff_choose(&s->bo) : 0;
     if (k_max > room)
         k_max = room;
     if (k_max > strata_engine_n_prefill(s->e) - 1)

@@ -27,6 +27,9 @@
 # scripts/bench-spec.sh on the GPU (-F 512; more in $SPEC_ARGS).
 # The fixtures do not fit one transfer: pack the F16 models in one run and the
 # quantised ones (Q8_0, IQ*) in another.
+# specloop: --spec 0 against the draft model at T=2, 4 and 8, and against the loop without
+# windows (STRATA_SPEC_PLAIN=1, "P" rows) with the draft model and the n-gram, interleaved
+# rounds ($SPEC_REPS, default 15) of 512 tokens at temperature 1 on tinycoder Q4_K_M.
 # xcpu: bench_expert_cpu.  pcie: bench_pcie (host-to-device bandwidth, copy engine and
 # kernel reads of mapped memory).  spectrace: the draft model's back-off at T=2 and 8
 # on the GPU, six runs each alternating with --spec 0, with STRATA_SPEC_TRACE=1 summed.
@@ -174,6 +177,38 @@ for w in $what; do
                 END { printf "T %d tok/s %s plain %d steps %.4f ms mean, windows %d (%.3f ms, %d accepted), catch-up %.3f ms\n",
                       t, tps, np, np ? pms / np : 0, nw, wms, a, cu }' "$out/st.err"
         done; done 2>&1 | tee "$out/spectrace.log" ;;
+    specloop)
+        # what speculation costs apart from its windows: rows run interleaved (each
+        # round starting one row later), 512 tokens at temperature 1; per row the
+        # median tokens/s and the median of each round's ratio to its --spec 0 run
+        cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>&1 |
+            sed 's/^/clocksource: /' | tee "$out/specloop.log"
+        f=$(cd "$d" && pwd)/fixtures/models
+        D=$f/tinydraft-qwen3-F16.gguf
+        rows=("--spec 0" "--spec 0" "--spec 8 --draft $D" "P --spec 8 --draft $D"
+              "P --spec 8" "--spec 2 --draft $D" "--spec 4 --draft $D")
+        n=${#rows[@]}
+        : > "$out/specloop.tsv"
+        for r in $(seq ${SPEC_REPS:-15}); do for j in $(seq 0 $((n - 1))); do
+            i=$(((j + r) % n)); a=${rows[i]}; pl=0
+            [ "${a#P }" != "$a" ] && pl=1 a=${a#P }
+            # shellcheck disable=SC2086
+            tps=$(STRATA_SPEC_PLAIN=$pl timeout 60 "$d/bin/strata-generate" \
+                -m "$f/tinycoder-moe-Q4_K_M.gguf" -p import -n 512 --temp 1 --seed 1 \
+                --ignore-eos --backend cuda --json --no-selftest $a 2>/dev/null |
+                tail -1 | sed -n 's/.*"decode_tps":\([0-9.]*\).*/\1/p')
+            printf "%s\t%s\t%s\n" "$r" "$i" "${tps:-0}" >> "$out/specloop.tsv"
+        done; done
+        for i in $(seq 0 $((n - 1))); do
+            I=$i L="${rows[i]//$D/D}" perl -ne '
+                my ($r, $i, $t) = split /\t/; chomp $t;
+                $b{$r} = $t if $i == 0; $v{$r} = $t if $i == $ENV{I};
+                END { my @r = sort keys %v; my @t = sort { $a <=> $b } map { $v{$_} } @r;
+                      my @x = sort { $a <=> $b } map { $b{$_} ? $v{$_} / $b{$_} : 0 } @r;
+                      my $m = int($#t / 2);
+                      printf "%-34s tok/s %8.1f  x T0 %.3f  (%d rounds)\n", $ENV{L}, $t[$m],
+                          $x[$m], scalar @t }' "$out/specloop.tsv"
+        done | tee -a "$out/specloop.log" ;;
     xcpu)
         timeout 120 "$d/bench_expert_cpu" -t "$(nproc)" 2>&1 | tee "$out/xcpu.log" ;;
     diag)
