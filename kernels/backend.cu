@@ -115,6 +115,13 @@ struct gpu_state {
      * and passes all 285 in this one (docs/performance.md) */
     int att_mma;
     int *attn_cnt;
+    /* qkv_post_fuse (default; STRATA_NO_QKV_POST_FUSE=1 turns it off): the q/k norms,
+     * RoPE and kv store of a decode step or verify window done by the blocks of the
+     * streamed q/k/v product that complete each head (counters post_cnt, one per head),
+     * and a separate v product's rows stored into the v cache by the product itself:
+     * one launch fewer per layer, the same bits */
+    int qkv_post_fuse;
+    int *post_cnt;
     /* pin_in (default; STRATA_NO_PIN_IN=1 turns it off): pos0 and the token ids go to
      * the device in one copy from pinned memory (h_in), s->ids = s->pos0 + 1 */
     int pin_in;
@@ -885,6 +892,7 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         s->norm_route = !strata_k_env_on("STRATA_NO_NORM_ROUTE");
         s->norm_mv = !strata_k_env_on("STRATA_NO_NORM_MV");
         s->attn_q8 = !strata_k_env_on("STRATA_NO_ATTQ");
+        s->qkv_post_fuse = !strata_k_env_on("STRATA_NO_QKV_POST_FUSE");
         s->att_split_keys = strata_k_env_on("STRATA_ATT_LONG_SPLITS") ? 0 : 32;
         s->pin_in = !strata_k_env_on("STRATA_NO_PIN_IN");
         const char *tc = getenv("STRATA_MVQ_TPR"); /* lanes per row of the 8-bit mat-vecs */
@@ -1017,6 +1025,12 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
                                          sizeof(int) * strata_k_attn_counters(
                                                            MATVEC_MAX, s->n_head, s->n_head_kv)),
                            "cudaMemset (attention counters)", err)) ||
+            (rc = dalloc(s, (void **)&s->post_cnt,
+                         sizeof(int) * (size_t)(s->n_head + 2 * s->n_head_kv),
+                         "q/k/v post counters", err)) ||
+            (rc = gpu_call(s, cudaMemset(s->post_cnt, 0,
+                                         sizeof(int) * (size_t)(s->n_head + 2 * s->n_head_kv)),
+                           "cudaMemset (q/k/v post counters)", err)) ||
             (rc = dalloc(s, (void **)&s->pos0, 4 * (T + 1), "positions and token ids", err)) ||
             (rc = gpu_call(s, cudaMallocHost((void **)&s->h_in, 4 * (T + 1)),
                            "cudaMallocHost (positions and token ids)", err)))
@@ -1267,10 +1281,21 @@ static int norm_rows(struct gpu_state *s, const float *x, const float *w, int n,
  * wrote them), else from s->xn.  nn (or NULL): the rows are x_in, normed by this launch
  * (strata_k_mvq_args.in_norm; w must take 8-bit activations), which also leaves them in
  * s->xn and s->xq. */
+/* What a q/k/v product may do besides its rows (proj_nn; strata_k_mvq_args.post and
+ * .y16): post_done and v_done say what it did. */
+struct proj_qkv {
+    const struct strata_k_qkv_args *post; /* the q/k/v post of its heads, or NULL */
+    int post_done;
+    __half *v_cache; /* its rows are v rows: stored into the v cache too, or NULL */
+    int v_done;
+};
+
 static int proj_nn(struct gpu_state *s, const struct strata_k_weight *w, int n, float *y,
                    int64_t y_stride, const float *add, const float *x_in, const float *nw,
-                   struct strata_err *err)
+                   struct proj_qkv *pq, struct strata_err *err)
 {
+    if (pq)
+        pq->post_done = pq->v_done = 0;
     if (!mvq_ok(s, w, n)) {
         int rc = nw ? norm_rows(s, x_in, nw, n, 0, err) : 0;
         return rc ? rc : proj(s, w, s->xn, s->n_embd, n, y, y_stride, add, err);
@@ -1281,6 +1306,17 @@ static int proj_nn(struct gpu_state *s, const struct strata_k_weight *w, int n, 
     if (nw) {
         a.x_in = x_in;
         a.in_norm = &nn;
+    }
+    if (pq && pq->post) {
+        a.post = pq->post;
+        a.post_counters = s->post_cnt;
+        a.post_done = &pq->post_done;
+    }
+    if (pq && pq->v_cache) {
+        a.y16 = pq->v_cache;
+        a.y16_pos = s->pos0;
+        a.y16_stride = (int64_t)s->n_head_kv * s->hd;
+        pq->v_done = 1;
     }
     a.w = w;
     a.mode = STRATA_K_MVQ_PLAIN;
@@ -1296,7 +1332,7 @@ static int proj_nn(struct gpu_state *s, const struct strata_k_weight *w, int n, 
 static int proj_n(struct gpu_state *s, const struct strata_k_weight *w, int n, float *y,
                   int64_t y_stride, const float *add, struct strata_err *err)
 {
-    return proj_nn(s, w, n, y, y_stride, add, NULL, NULL, err);
+    return proj_nn(s, w, n, y, y_stride, add, NULL, NULL, NULL, err);
 }
 
 /* Fuse the RMSNorm (weight nw) of the rows a mat-vec adds into s->x: the last block of
@@ -1403,18 +1439,33 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                                                  err)))
             goto fail;
         normed = 0;
+        layer_attn_args(s, D, n, max_kv, &qa, &aa);
+        /* the q/k/v post inside the merged product (q and k heads, and v's with it), a
+         * separate v product's rows into the v cache: decode steps and verify windows */
+        struct proj_qkv pq = {NULL, 0, NULL, 0}, pv = {NULL, 0, NULL, 0};
+        const int fuse_post = s->qkv_post_fuse && n <= MATVEC_MAX && D->n_qkv >= 2;
+        if (fuse_post) {
+            pq.post = &qa;
+            pv.v_cache = D->v_cache;
+        }
         if (D->n_qkv) {
             if (OP(an ? "attn_norm_qkv" : "attn_qkv",
-                   proj_nn(s, &D->wqkv, n, q, qs, NULL, s->x, an, err)))
+                   proj_nn(s, &D->wqkv, n, q, qs, NULL, s->x, an, &pq, err)))
                 goto fail;
         } else if (OP(an ? "attn_norm_q" : "attn_q",
-                      proj_nn(s, &D->wq, n, q, qs, NULL, s->x, an, err)) ||
+                      proj_nn(s, &D->wq, n, q, qs, NULL, s->x, an, NULL, err)) ||
                    OP("attn_k", proj_n(s, &D->wk, n, k, qs, NULL, err)))
             goto fail;
-        if (D->n_qkv < 3 && OP("attn_v", proj_n(s, &D->wv, n, v, qs, NULL, err)))
+        if (D->n_qkv < 3 &&
+            OP("attn_v", proj_nn(s, &D->wv, n, v, qs, NULL, NULL, NULL,
+                                 pq.post_done ? &pv : NULL, err)))
             goto fail;
-        layer_attn_args(s, D, n, max_kv, &qa, &aa);
-        if (OP("qk_norm_rope_kv", strata_k_qkv_post(&s->ctx, &qa, err)))
+        /* what the products did not do: every head, or the v heads */
+        const int heads = s->n_head + 2 * s->n_head_kv;
+        const int h0 = !pq.post_done ? 0 : D->n_qkv == 3 || pv.v_done ? heads
+                                                                       : s->n_head + s->n_head_kv;
+        if (h0 < heads &&
+            OP("qk_norm_rope_kv", strata_k_qkv_post_heads(&s->ctx, &qa, h0, heads, err)))
             goto fail;
         const int wo_q8 = mvq_ok(s, &D->wo, n);
         if (OP("attention", strata_k_attention(&s->ctx, &aa, err)))
@@ -1548,7 +1599,7 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
              OP("output_norm", norm_rows(s, xr, s->output_norm, cnt,
                                          mvq_ok(s, &s->output, cnt), err))) ||
             OP(on ? "output_norm_output" : "output",
-               proj_nn(s, &s->output, cnt, s->logits, s->n_vocab, NULL, xr, on, err)))
+               proj_nn(s, &s->output, cnt, s->logits, s->n_vocab, NULL, xr, on, NULL, err)))
             return strata_err_wrap(err, "output: ");
     }
     prof_mark(s, "end");

@@ -307,22 +307,12 @@ __global__ void __launch_bounds__(STEP_THREADS) decode_step_kernel(struct strata
             /* 2. q/k norms, RoPE, kv store: groups of qkv_post_threads(hd) threads */
             {
                 const int gthr = qkv_post_threads(a.hd), gpb = STEP_THREADS / gthr;
-                const int grp = tid / gthr, nw = gthr >= warpSize ? gthr / warpSize : 1;
+                const int grp = tid / gthr;
                 const int heads = Ly.qa.n_head + 2 * Ly.qa.n_head_kv;
                 for (int h0 = blockIdx.x * gpb; h0 < heads; h0 += gridDim.x * gpb) {
                     const int h = h0 + grp;
-                    qkv_post_head(Ly.qa, a.rope, h, 0, tid % gthr, h < heads, [&](float v) {
-                        /* strata_block_sum over the group's warps */
-                        v = strata_warp_sum(v);
-                        __syncthreads();
-                        if (tid % warpSize == 0)
-                            scratch[tid / warpSize] = v;
-                        __syncthreads();
-                        float s = 0.0f;
-                        for (int i = 0; i < nw; i++)
-                            s += scratch[grp * nw + i];
-                        return s;
-                    });
+                    qkv_post_head(Ly.qa, a.rope, h, 0, tid % gthr, h < heads,
+                                  [&](float v) { return qkv_group_sum(v, scratch, gthr); });
                 }
             }
         }

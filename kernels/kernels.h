@@ -226,6 +226,7 @@ struct strata_k_norm_q8 {
  * of the norm that follows a residual add (the sum of squares runs over the block's
  * threads, so the float rows may differ from strata_k_rms_norm's in the last bit). */
 enum { STRATA_K_MVQ_PLAIN = 0, STRATA_K_MVQ_GLU = 1, STRATA_K_MVQ_COMBINE = 2 };
+struct strata_k_qkv_args;
 struct strata_k_mvq_args {
     const struct strata_k_weight *w, *up;
     int mode;
@@ -270,6 +271,26 @@ struct strata_k_mvq_args {
      * not). */
     const float *x_in;
     const struct strata_k_norm_q8 *in_norm;
+    /* PLAIN without ids, one slot per token (or NULL): the rows are those of a merged
+     * q/k/v product, output row r of slot t belonging to head r / post->hd of
+     * strata_k_qkv_post's numbering (y must be post->q, with post->k and post->v after
+     * the q and k heads' rows and every stride y_stride), and the launch also does
+     * strata_k_qkv_post's work on the heads it writes: the block that completes a
+     * head's rows (post_counters: one int per head, zero before and after the launch)
+     * runs qkv_post_head on it for every slot, in groups of qkv_post_threads(hd)
+     * threads with qkv_post_kernel's sums, so the bits are the separate launch's.
+     * Done by streamed launches only: *post_done (required with post) is set to 1 when
+     * the launch did it, to 0 when the product ran another way and strata_k_qkv_post
+     * must still follow. */
+    const struct strata_k_qkv_args *post;
+    int *post_counters;
+    int *post_done;
+    /* PLAIN (or NULL): every output value of slot t, row r also stored as a half at
+     * y16[(*y16_pos + t) * y16_stride + r]: a v product's rows straight into the kv
+     * cache, the bits strata_k_qkv_post stores for them (y is still written) */
+    __half *y16;
+    const int32_t *y16_pos;
+    int64_t y16_stride;
 };
 int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_args *a,
                        struct strata_err *err);
@@ -329,6 +350,11 @@ struct strata_k_qkv_args {
 };
 int strata_k_qkv_post(struct strata_gpu_ctx *ctx, const struct strata_k_qkv_args *a,
                       struct strata_err *err);
+/* The same for heads h0 .. h1 - 1 only, numbered q heads (0 .. n_head - 1), then k heads,
+ * then v heads (the order of a merged q/k/v product's rows).  Errors: STRATA_E_INVALID
+ * (shape, or an empty or out-of-range head range). */
+int strata_k_qkv_post_heads(struct strata_gpu_ctx *ctx, const struct strata_k_qkv_args *a,
+                            int h0, int h1, struct strata_err *err);
 
 /* Causal GQA attention of n_tok queries at positions *pos0 + t over the kv cache
  * rows 0 .. *pos0 + t: out[t, h, :] = softmax(scale * q_h . K^T) V for query head h

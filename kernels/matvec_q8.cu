@@ -12,6 +12,7 @@
 #include "kernels.h"
 
 #include "mvq.cuh"
+#include "rope.cuh"
 
 #include <math.h>
 #include <pthread.h>
@@ -92,7 +93,23 @@ struct mvq_params {
     /* ahead != 0: a PLAIN launch without ids asks L2 for its own rows before the PDL
      * wait (a streamed one for its second chunk) */
     int ahead;
+    /* strata_k_mvq_args.y16 (NULL: none) */
+    __half *y16;
+    const int32_t *y16_pos;
+    int64_t y16_stride;
+    /* a streamed launch's qkv_post (strata_k_mvq_args.post; post_cnt NULL: none) */
+    int *post_cnt;
+    struct strata_k_qkv_args post;
+    struct strata_k_rope rope;
 };
+
+/* Output value v of slot s, row r: y16's copy (mvq_params.y16) */
+static __device__ __forceinline__ void mvq_store16(const struct mvq_params &p, int s, int r,
+                                                   float v)
+{
+    if (p.y16)
+        p.y16[(int64_t)(*p.y16_pos + s) * p.y16_stride + r] = __float2half(v);
+}
 
 /* MODE: STRATA_K_MVQ_*; R rows per row group (GLU blocks of 512 threads: two a
  * multiprocessor, at most 64 registers a thread, or the 8 experts' blocks run in two
@@ -189,8 +206,11 @@ __global__ void __launch_bounds__(512, MODE == STRATA_K_MVQ_GLU ? 2 : 1)
             out[r] = a / (1.0f + expf(-a)) * b;
         else
             out[r] = (p.add && r0 + r < p.ne1 ? p.add[o] : 0.0f) + a;
-        if (gl == 0 && r0 + r < p.ne1 && p.y)
+        if (gl == 0 && r0 + r < p.ne1 && p.y) {
             p.y[o] = out[r];
+            if (MODE == STRATA_K_MVQ_PLAIN)
+                mvq_store16(p, s, r0 + r, out[r]);
+        }
     }
     if (MODE == STRATA_K_MVQ_GLU && p.yq) {
         /* the block's 32 rows are one q8 block of the slot's output row */
@@ -328,6 +348,50 @@ static __device__ __forceinline__ void q6k_sums_words(const uint8_t *buf, const 
     }
 }
 
+/* Heads a streamed chunk's rows may touch, at most (strata_k_mvq_args.post) */
+#define MVQ_POST_HEADS 8
+
+/* After a streamed chunk's rows ra .. rb - 1 are stored (every slot): count them towards
+ * their heads (mvq_params.post_cnt), and the block that completes a head runs
+ * qkv_post_head on it for every slot, groups of qkv_post_threads(hd) threads taking the
+ * (head, slot) pairs in turn (threadFenceReduction pattern: every thread's stores are
+ * fenced before the block is counted); it then zeroes the head's counter.  Called by
+ * every thread of the block. */
+static __device__ __forceinline__ void mvq_post_chunk(const struct mvq_params &p, int ra, int rb,
+                                                   int n_slot)
+{
+    __shared__ int heads[MVQ_POST_HEADS], n_done;
+    __shared__ float scratch[STRATA_GPU_MAX_WARP];
+    const int hd = p.post.hd;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int nd = 0;
+        for (int h = ra / hd; h * hd < rb; h++) { /* at most MVQ_POST_HEADS (the launcher) */
+            const int n = min(rb, (h + 1) * hd) - max(ra, h * hd);
+            if (atomicAdd(&p.post_cnt[h], n) + n == hd)
+                heads[nd++] = h;
+        }
+        n_done = nd;
+    }
+    __syncthreads();
+    const int nd = n_done;
+    if (nd == 0)
+        return;
+    __threadfence();
+    const int gthr = qkv_post_threads(hd), gpb = blockDim.x / gthr;
+    const int grp = threadIdx.x / gthr, items = nd * n_slot;
+    for (int i0 = 0; i0 < items; i0 += gpb) {
+        const int it = i0 + grp, act = grp < gpb && it < items;
+        qkv_post_head(p.post, p.rope, act ? heads[it % nd] : 0, act ? it / nd : 0,
+                      threadIdx.x % gthr, act,
+                      [&](float v) { return qkv_group_sum(v, scratch, gthr); });
+    }
+    __syncthreads();
+    if ((int)threadIdx.x < nd)
+        p.post_cnt[heads[threadIdx.x]] = 0;
+}
+
 template <int T, int TPR, bool NORM>
 __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p, int n_slot,
                                                             int n_chunk, size_t ck, size_t cb)
@@ -391,10 +455,15 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
             for (int r = 0; r < 2; r++) {
                 const float a = mvq_group_sum(acc[r], tpr);
                 const int64_t o = (int64_t)s * p.y_stride + r0 + r;
-                if (gl == 0 && r0 + r < p.ne1)
-                    p.y[o] = (p.add ? p.add[o] : 0.0f) + a;
+                if (gl == 0 && r0 + r < p.ne1) {
+                    const float v = (p.add ? p.add[o] : 0.0f) + a;
+                    p.y[o] = v;
+                    mvq_store16(p, s, r0 + r, v);
+                }
             }
         }
+        if (p.post_cnt)
+            mvq_post_chunk(p, c * rows, min((c + 1) * rows, p.ne1), n_slot);
         __syncthreads();
     }
 }
@@ -621,7 +690,31 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     p.iny = NULL;
     p.inyq = NULL;
     p.ahead = mvq_ahead_on();
+    p.y16 = mode == STRATA_K_MVQ_PLAIN ? a->y16 : NULL;
+    p.y16_pos = a->y16_pos;
+    p.y16_stride = a->y16_stride;
+    p.post_cnt = NULL;
     p.tpr = strata_k_mvq_tpr(p.nu, p.k);
+    if (a->y16 && (mode != STRATA_K_MVQ_PLAIN || !a->y16_pos || a->y16_stride < w->ne1))
+        return strata_k_err(err, STRATA_E_INVALID,
+                            "matvec_q8: a half copy of the output needs a PLAIN product, its "
+                            "position and a row stride of at least ne1=%lld", (long long)w->ne1);
+    if (a->post) {
+        const struct strata_k_qkv_args *q = a->post;
+        const int64_t hd = q->hd, heads = q->n_head + 2 * (int64_t)q->n_head_kv;
+        if (!a->post_done || !a->post_counters || mode != STRATA_K_MVQ_PLAIN || a->ids ||
+            a->x_group != 1 || hd <= 0 || hd > 512 || w->ne1 % hd || w->ne1 / hd > heads ||
+            q->n_tok != a->n_slot ||
+            q->q != a->y || q->k != a->y + q->n_head * hd || q->v != q->k + q->n_head_kv * hd ||
+            q->q_stride != a->y_stride || q->k_stride != a->y_stride ||
+            q->v_stride != a->y_stride || !q->rope || q->rope->n_rot > hd || q->rope->n_rot % 2)
+            return strata_k_err(err, STRATA_E_INVALID,
+                                "matvec_q8: the q/k/v post needs a PLAIN product of whole heads "
+                                "(ne1=%lld, hd=%lld) into the q/k/v rows it names, one slot per "
+                                "token, its counters and a done flag", (long long)w->ne1,
+                                (long long)hd);
+        *a->post_done = 0;
+    }
     /* two rows per group share the activation loads of large matrices */
     int R = mode == STRATA_K_MVQ_GLU ? 2 : mode == STRATA_K_MVQ_PLAIN && w->ne1 >= 16384 ? 2 : 1;
     int rows = mode == STRATA_K_MVQ_GLU ? MVQ_QROWS : MVQ_THREADS / p.tpr * R;
@@ -670,14 +763,24 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
         !((uintptr_t)w->data & 15) &&
         (stream_norm || a->stage == 2 || (a->stage == 0 && R == 2 && mvq_stream_on()))) {
         int done = 0, rc = 0;
+        /* the q/k/v post where a chunk of rows touches few enough heads */
+        const int srows = sthreads / p.tpr * 2;
+        if (a->post && (srows + a->post->hd - 1) / a->post->hd + 1 <= MVQ_POST_HEADS) {
+            p.post_cnt = a->post_counters;
+            p.post = *a->post;
+            p.rope = *a->post->rope;
+        }
         switch (w->type) {
         case KT_Q4_K: rc = mvq_stream_launch<KT_Q4_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
         case KT_Q5_K: rc = mvq_stream_launch<KT_Q5_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
         case KT_Q6_K: rc = mvq_stream_launch<KT_Q6_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
         case KT_Q8_0: rc = mvq_stream_launch<KT_Q8_0>(ctx, p, a->n_slot, sthreads, &done, err); break;
         }
+        if (done && p.post_cnt)
+            *a->post_done = 1;
         if (done || rc)
             return rc;
+        p.post_cnt = NULL;
         /* the device cannot hold that launch */
         if (stream_norm && (rc = norm_first()))
             return rc;

@@ -27,28 +27,37 @@ void strata_k_rope_init(struct strata_k_rope *r, int mode, int n_rot, float freq
     r->corr_dims[1] = fminf((float)(n_rot - 1), end);
 }
 
-/* One block per (head of q, k or v; token): qkv_post_head with the block as its group. */
-__global__ void qkv_post_kernel(struct strata_k_qkv_args a, struct strata_k_rope rp)
+/* One block per (head h0 + blockIdx.x of q, k or v; token): qkv_post_head with the block
+ * as its group. */
+__global__ void qkv_post_kernel(struct strata_k_qkv_args a, struct strata_k_rope rp, int h0)
 {
     __shared__ float scratch[STRATA_GPU_MAX_WARP];
     strata_pdl_wait();
     strata_pdl_trigger();
-    qkv_post_head(a, rp, blockIdx.x, blockIdx.y, threadIdx.x, 1,
+    qkv_post_head(a, rp, h0 + blockIdx.x, blockIdx.y, threadIdx.x, 1,
                   [&](float v) { return strata_block_sum(v, scratch); });
+}
+
+int strata_k_qkv_post_heads(struct strata_gpu_ctx *ctx, const struct strata_k_qkv_args *a,
+                            int h0, int h1, struct strata_err *err)
+{
+    if (a->n_tok <= 0 || a->n_head <= 0 || a->n_head_kv <= 0 || a->hd <= 0 || a->hd > 512 ||
+        a->rope->n_rot > a->hd || a->rope->n_rot % 2 || a->n_tok > 65535 || h0 < 0 ||
+        h1 <= h0 || h1 > a->n_head + 2 * a->n_head_kv)
+        return strata_k_err(err, STRATA_E_INVALID,
+                            "qkv_post: bad shape n_tok=%d n_head=%d n_head_kv=%d hd=%d n_rot=%d "
+                            "heads %d..%d", a->n_tok, a->n_head, a->n_head_kv, a->hd,
+                            a->rope->n_rot, h0, h1);
+    int threads = qkv_post_threads(a->hd);
+    dim3 grid((unsigned)(h1 - h0), (unsigned)a->n_tok), block(threads);
+    strata_k_launch(ctx, qkv_post_kernel, grid, block, *a, *a->rope, h0);
+    return strata_k_check(ctx, "qkv_post_kernel", grid, block, err,
+                          "n_tok=%d n_head=%d n_head_kv=%d hd=%d heads %d..%d", a->n_tok,
+                          a->n_head, a->n_head_kv, a->hd, h0, h1);
 }
 
 int strata_k_qkv_post(struct strata_gpu_ctx *ctx, const struct strata_k_qkv_args *a,
                       struct strata_err *err)
 {
-    if (a->n_tok <= 0 || a->n_head <= 0 || a->n_head_kv <= 0 || a->hd <= 0 || a->hd > 512 ||
-        a->rope->n_rot > a->hd || a->rope->n_rot % 2 || a->n_tok > 65535)
-        return strata_k_err(err, STRATA_E_INVALID,
-                            "qkv_post: bad shape n_tok=%d n_head=%d n_head_kv=%d hd=%d n_rot=%d",
-                            a->n_tok, a->n_head, a->n_head_kv, a->hd, a->rope->n_rot);
-    int threads = qkv_post_threads(a->hd);
-    dim3 grid((unsigned)(a->n_head + 2 * a->n_head_kv), (unsigned)a->n_tok), block(threads);
-    strata_k_launch(ctx, qkv_post_kernel, grid, block, *a, *a->rope);
-    return strata_k_check(ctx, "qkv_post_kernel", grid, block, err,
-                          "n_tok=%d n_head=%d n_head_kv=%d hd=%d", a->n_tok, a->n_head,
-                          a->n_head_kv, a->hd);
+    return strata_k_qkv_post_heads(ctx, a, 0, a->n_head + 2 * a->n_head_kv, err);
 }

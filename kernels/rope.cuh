@@ -94,4 +94,22 @@ static __host__ __device__ inline int qkv_post_threads(int hd)
     return (hd / 2 + 63) / 64 * 64;
 }
 
+/* qkv_post_head's sum for groups of gthr threads (a multiple of the warp size) side by
+ * side in a block: strata_block_sum's order over the group's warps, so a group gets the
+ * bits qkv_post_kernel's block of gthr threads gets.  Every thread of the block calls
+ * it (barriers); scratch: blockDim.x / warpSize floats of shared memory. */
+static __device__ __forceinline__ float qkv_group_sum(float v, float *scratch, int gthr)
+{
+    const int nw = gthr / warpSize, grp = threadIdx.x / gthr;
+    v = strata_warp_sum(v);
+    __syncthreads();
+    if (threadIdx.x % warpSize == 0)
+        scratch[threadIdx.x / warpSize] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < nw; i++)
+        s += scratch[grp * nw + i];
+    return s;
+}
+
 #endif

@@ -697,6 +697,144 @@ static void test_matvec_q8_innorm(uint32_t type, int64_t ne0, int64_t ne1, int n
     free(q0); free(q1); free(q2);
 }
 
+/* The q/k/v post inside the streamed q/k/v product (strata_k_mvq_args.post) and a
+ * separate v product's rows stored into the v cache by the product (y16), against the
+ * product followed by strata_k_qkv_post: q rows, k cache and v cache the same bits.
+ * n_qkv 3: q, k and v rows in one product; 2: q and k, v apart (type vtype).  The fused
+ * way runs twice (its outputs poisoned between), so a head counter left non-zero shows
+ * as a second run that never posts; the counters must be zero after.  fused: whether
+ * the product can do the post (a streamed launch); where it says it did not, the post
+ * follows as its own launch (as the backend does). */
+static void test_qkv_post_fused(uint32_t type, uint32_t vtype, int64_t ne0, int n_slot,
+                                int n_head, int n_head_kv, int hd, int n_qkv, int pos0,
+                                int fused)
+{
+    struct strata_err err = {0, ""};
+    const int nq = n_head * hd, nkv = n_head_kv * hd, qs = nq + 2 * nkv;
+    const int64_t ne1 = nq + (n_qkv - 1) * (int64_t)nkv, heads = n_head + 2 * n_head_kv;
+    const int n_ctx = pos0 + n_slot + 2;
+    size_t rb, vrb = 0;
+    uint8_t *w = kt_random_rows(type, ne0, ne1, &rb);
+    uint8_t *wv = n_qkv == 2 ? kt_random_rows(vtype, ne0, nkv, &vrb) : NULL;
+    const size_t nx = (size_t)ne0 * n_slot, yb = sizeof(float) * qs * n_slot;
+    const size_t xrb = strata_k_q8_row_bytes(ne0), cb = sizeof(__half) * n_ctx * nkv;
+    float *x = (float *)malloc(4 * nx), *nw = (float *)malloc(4 * ne0);
+    float *qn = (float *)malloc(4 * hd), *kn = (float *)malloc(4 * hd);
+    kt_fill(x, nx, 3.0f);
+    kt_fill(nw, ne0, 1.0f);
+    kt_fill(qn, hd, 1.0f);
+    kt_fill(kn, hd, 1.0f);
+    void *dw = kt_up(w, rb * ne1), *dwv = wv ? kt_up(wv, vrb * nkv) : NULL;
+    float *dx = (float *)kt_up(x, 4 * nx), *dnw = (float *)kt_up(nw, 4 * ne0);
+    float *dqn = (float *)kt_up(qn, 4 * hd), *dkn = (float *)kt_up(kn, 4 * hd);
+    int32_t *dpos = (int32_t *)kt_up(&pos0, 4);
+    int *dcnt = (int *)kt_dev(sizeof(int) * heads);
+    KT_CUDA(cudaMemset(dcnt, 0, sizeof(int) * heads));
+    float *dxn = (float *)kt_dev(4 * nx), *dy[2];
+    void *dxq = kt_dev(xrb * n_slot);
+    __half *kc[2], *vc[2];
+    for (int v = 0; v < 2; v++) {
+        dy[v] = (float *)kt_dev(yb);
+        kc[v] = (__half *)kt_dev(cb);
+        vc[v] = (__half *)kt_dev(cb);
+    }
+    struct strata_k_rope rp;
+    strata_k_rope_init(&rp, 2, hd, 1000000.0f, 1.0f, 4096, 0.0f, 1.0f, 32.0f, 1.0f);
+    struct strata_k_weight kw = {type, ne0, ne1, rb, rb * ne1, dw};
+    struct strata_k_weight kv = {vtype, ne0, nkv, vrb, vrb * nkv, dwv};
+    struct strata_k_norm_q8 nn = {dnw, 1e-6f, dxn, dxq};
+    int rc = 0, done[2] = {0, 0}, cnt_zero = 1;
+    uint16_t *h[2][2];
+    float *hq[2];
+    for (int v = 0; v < 2; v++) {
+        hq[v] = (float *)malloc(yb);
+        h[v][0] = (uint16_t *)malloc(cb);
+        h[v][1] = (uint16_t *)malloc(cb);
+    }
+    /* way 0: product(s), then qkv_post; way 1: fused, twice */
+    for (int run = 0; run < 3 && !rc; run++) {
+        const int v = run ? 1 : 0;
+        kt_poison(dy[v], yb);
+        kt_poison(kc[v], cb);
+        kt_poison(vc[v], cb);
+        struct strata_k_qkv_args qa;
+        memset(&qa, 0, sizeof(qa));
+        qa.q = dy[v]; qa.k = dy[v] + nq; qa.v = dy[v] + nq + nkv;
+        qa.q_stride = qa.k_stride = qa.v_stride = qs;
+        qa.q_norm = dqn; qa.k_norm = dkn; qa.eps = 1e-6f; qa.rope = &rp; qa.pos0 = dpos;
+        qa.n_tok = n_slot; qa.n_head = n_head; qa.n_head_kv = n_head_kv; qa.hd = hd;
+        qa.k_cache = kc[v]; qa.v_cache = vc[v];
+        struct strata_k_mvq_args a;
+        plain_args(&a, &kw, n_slot, 1);
+        a.x_in = dx;
+        a.in_norm = &nn;
+        a.y = dy[v];
+        a.y_stride = qs;
+        int pd = -1;
+        if (v) {
+            a.post = &qa;
+            a.post_counters = dcnt;
+            a.post_done = &pd;
+        }
+        rc = strata_k_matvec_q8(&ctx, &a, &err);
+        if (!rc && n_qkv == 2) {
+            plain_args(&a, &kv, n_slot, 1);
+            a.xq = dxq;
+            a.y = qa.v;
+            a.y_stride = qs;
+            if (v && pd == 1) {
+                a.y16 = vc[v];
+                a.y16_pos = dpos;
+                a.y16_stride = nkv;
+            }
+            rc = strata_k_matvec_q8(&ctx, &a, &err);
+        }
+        if (!rc && (!v || pd == 0))
+            rc = strata_k_qkv_post(&ctx, &qa, &err);
+        KT_CUDA(cudaDeviceSynchronize());
+        if (v)
+            done[run - 1] = pd;
+        int hc[64];
+        kt_down(hc, dcnt, sizeof(int) * (heads < 64 ? heads : 64));
+        for (int i = 0; i < heads && i < 64; i++)
+            cnt_zero = cnt_zero && hc[i] == 0;
+        kt_down(hq[v], dy[v], yb);
+        kt_down(h[v][0], kc[v], cb);
+        kt_down(h[v][1], vc[v], cb);
+        if (run == 1)
+            continue;
+        /* q rows of every slot (the k and v floats are not compared: the fused way leaves
+         * them as the product wrote them, the post only reads them), the cache rows */
+        int same_q = 1;
+        for (int t = 0; t < n_slot; t++)
+            same_q = same_q && memcmp(hq[0] + (size_t)t * qs, hq[1] + (size_t)t * qs,
+                                      4 * (size_t)nq) == 0;
+        const size_t off = (size_t)pos0 * nkv, n16 = 2 * (size_t)n_slot * nkv;
+        const int same_k = memcmp(h[0][0] + off, h[1][0] + off, n16) == 0;
+        const int same_v = memcmp(h[0][1] + off, h[1][1] + off, n16) == 0;
+        if (run == 2)
+            ok(!rc && same_q && same_k && same_v && done[0] == fused && done[1] == fused &&
+                   cnt_zero,
+               "q/k/v post inside the streamed product, %s%s%s [%lld x %lld], %d slots, heads "
+               "%d/%d hd=%d: q rows %s, k cache %s, v cache %s, done %d/%d (expected %d), "
+               "counters %s %s",
+               strata_ggml_type_name(type), n_qkv == 2 ? ", v apart " : "",
+               n_qkv == 2 ? strata_ggml_type_name(vtype) : "", (long long)ne0, (long long)ne1,
+               n_slot, n_head, n_head_kv, hd, same_q ? "equal" : "differ",
+               same_k ? "equal" : "differ", same_v ? "equal" : "differ", done[0], done[1],
+               fused, cnt_zero ? "zero" : "left set", rc ? err.msg : "");
+    }
+    if (rc)
+        ok(0, "q/k/v post inside the streamed product: %s", err.msg);
+    cudaFree(dw); cudaFree(dwv); cudaFree(dx); cudaFree(dnw); cudaFree(dqn); cudaFree(dkn);
+    cudaFree(dpos); cudaFree(dcnt); cudaFree(dxn); cudaFree(dxq);
+    for (int v = 0; v < 2; v++) {
+        cudaFree(dy[v]); cudaFree(kc[v]); cudaFree(vc[v]);
+        free(hq[v]); free(h[v][0]); free(h[v][1]);
+    }
+    free(w); free(wv); free(x); free(nw); free(qn); free(kn);
+}
+
 /* A token's rows alone equal its rows inside a 7-token batch, bit for bit, in every
  * mode (the verify window guarantee). */
 static void test_matvec_q8_batch_invariance(uint32_t type, int mode)
@@ -976,6 +1114,16 @@ static void test_q8(void)
     test_matvec_q8_innorm(STRATA_TYPE_Q8_0, 7168, 1000, 3, 0);   /* no 256-thread stream */
     test_matvec_q8_innorm(STRATA_TYPE_Q5_K, 1024, 333, 4, 1);
     test_matvec_q8_innorm(STRATA_TYPE_Q8_0, 96, 700, 2, 1);      /* q8 rows with padding */
+    /* the q/k/v post in the product: Qwen3-30B-A3B's heads (32/4, hd 128) with v in the
+     * product and apart (Q6_K, as Q4_K_M has it), a 17-token window, hd 64 (a chunk of
+     * 16 rows in a quarter of a head), Q8_0 */
+    test_qkv_post_fused(STRATA_TYPE_Q4_K, STRATA_TYPE_Q4_K, 2048, 1, 32, 4, 128, 3, 7, 1);
+    test_qkv_post_fused(STRATA_TYPE_Q4_K, STRATA_TYPE_Q6_K, 2048, 1, 32, 4, 128, 2, 130, 1);
+    test_qkv_post_fused(STRATA_TYPE_Q4_K, STRATA_TYPE_Q6_K, 2048, 17, 32, 4, 128, 2, 3, 1);
+    test_qkv_post_fused(STRATA_TYPE_Q5_K, STRATA_TYPE_Q5_K, 1024, 3, 16, 8, 64, 3, 0, 1);
+    test_qkv_post_fused(STRATA_TYPE_Q8_0, STRATA_TYPE_Q8_0, 160, 2, 14, 2, 64, 2, 40, 1);
+    /* rows of 28 Q8_0 blocks: no 256-thread stream, so the post runs apart */
+    test_qkv_post_fused(STRATA_TYPE_Q8_0, STRATA_TYPE_Q8_0, 896, 2, 14, 2, 64, 2, 40, 0);
     test_matvec_q8_stage(STRATA_TYPE_Q6_K, 2304, 16411, 1, 3, 1); /* rows of 9 super-blocks:
                                                                      every other row 2 bytes off */
     /* with the following RMSNorm fused (attn_output, the experts' down projections) */
