@@ -115,12 +115,15 @@ struct gpu_state {
      * and passes all 285 in this one (docs/performance.md) */
     int att_mma;
     int *attn_cnt;
-    /* qkv_post_fuse (default; STRATA_NO_QKV_POST_FUSE=1 turns it off): the q/k norms,
-     * RoPE and kv store of a decode step or verify window done by the blocks of the
-     * streamed q/k/v product that complete each head (counters post_cnt, one per head),
-     * and a separate v product's rows stored into the v cache by the product itself:
-     * one launch fewer per layer, the same bits */
-    int qkv_post_fuse;
+    /* v_fold (default; STRATA_NO_V_FOLD=1 turns it off): a v of another type than the
+     * merged q/k (Q6_K under Q4_K or Q5_K) read in the same streamed launch of a decode
+     * step or verify window: one launch fewer on those layers, the same bits (tg128
+     * +1.4% on the H200, docs/performance.md).  qkv_post_fuse (off; STRATA_QKV_POST_FUSE=1
+     * turns it on): the q/k norms, RoPE and kv store done by the blocks of that launch
+     * that complete each head (counters post_cnt, one per head), and a separate v
+     * product's rows stored into the v cache by the product: one launch fewer per layer,
+     * the same bits, but 1% slower there (each head's tail lengthens the launch) */
+    int qkv_post_fuse, v_fold;
     int *post_cnt;
     /* pin_in (default; STRATA_NO_PIN_IN=1 turns it off): pos0 and the token ids go to
      * the device in one copy from pinned memory (h_in), s->ids = s->pos0 + 1 */
@@ -892,7 +895,8 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         s->norm_route = !strata_k_env_on("STRATA_NO_NORM_ROUTE");
         s->norm_mv = !strata_k_env_on("STRATA_NO_NORM_MV");
         s->attn_q8 = !strata_k_env_on("STRATA_NO_ATTQ");
-        s->qkv_post_fuse = !strata_k_env_on("STRATA_NO_QKV_POST_FUSE");
+        s->qkv_post_fuse = strata_k_env_on("STRATA_QKV_POST_FUSE");
+        s->v_fold = !strata_k_env_on("STRATA_NO_V_FOLD");
         s->att_split_keys = strata_k_env_on("STRATA_ATT_LONG_SPLITS") ? 0 : 32;
         s->pin_in = !strata_k_env_on("STRATA_NO_PIN_IN");
         const char *tc = getenv("STRATA_MVQ_TPR"); /* lanes per row of the 8-bit mat-vecs */
@@ -1281,11 +1285,13 @@ static int norm_rows(struct gpu_state *s, const float *x, const float *w, int n,
  * wrote them), else from s->xn.  nn (or NULL): the rows are x_in, normed by this launch
  * (strata_k_mvq_args.in_norm; w must take 8-bit activations), which also leaves them in
  * s->xn and s->xq. */
-/* What a q/k/v product may do besides its rows (proj_nn; strata_k_mvq_args.post and
- * .y16): post_done and v_done say what it did. */
+/* What a q/k/v product may do besides its rows (proj_nn; strata_k_mvq_args.post, .w2
+ * and .y16): post_done, w2_done and v_done say what it did. */
 struct proj_qkv {
     const struct strata_k_qkv_args *post; /* the q/k/v post of its heads, or NULL */
     int post_done;
+    const struct strata_k_weight *w2; /* v of another type, its rows after w's, or NULL */
+    int w2_done;
     __half *v_cache; /* its rows are v rows: stored into the v cache too, or NULL */
     int v_done;
 };
@@ -1295,7 +1301,7 @@ static int proj_nn(struct gpu_state *s, const struct strata_k_weight *w, int n, 
                    struct proj_qkv *pq, struct strata_err *err)
 {
     if (pq)
-        pq->post_done = pq->v_done = 0;
+        pq->post_done = pq->w2_done = pq->v_done = 0;
     if (!mvq_ok(s, w, n)) {
         int rc = nw ? norm_rows(s, x_in, nw, n, 0, err) : 0;
         return rc ? rc : proj(s, w, s->xn, s->n_embd, n, y, y_stride, add, err);
@@ -1311,6 +1317,10 @@ static int proj_nn(struct gpu_state *s, const struct strata_k_weight *w, int n, 
         a.post = pq->post;
         a.post_counters = s->post_cnt;
         a.post_done = &pq->post_done;
+    }
+    if (pq && pq->w2 && nw) {
+        a.w2 = pq->w2;
+        a.w2_done = &pq->w2_done;
     }
     if (pq && pq->v_cache) {
         a.y16 = pq->v_cache;
@@ -1442,10 +1452,10 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
         layer_attn_args(s, D, n, max_kv, &qa, &aa);
         /* the q/k/v post inside the merged product (q and k heads, and v's with it), a
          * separate v product's rows into the v cache: decode steps and verify windows */
-        struct proj_qkv pq = {NULL, 0, NULL, 0}, pv = {NULL, 0, NULL, 0};
-        const int fuse_post = s->qkv_post_fuse && n <= MATVEC_MAX && D->n_qkv >= 2;
-        if (fuse_post) {
-            pq.post = &qa;
+        struct proj_qkv pq = {NULL, 0, NULL, 0, NULL, 0}, pv = {NULL, 0, NULL, 0, NULL, 0};
+        if (n <= MATVEC_MAX && D->n_qkv >= 2) {
+            pq.post = s->qkv_post_fuse ? &qa : NULL;
+            pq.w2 = s->v_fold && D->n_qkv == 2 && mvq_ok(s, &D->wv, n) ? &D->wv : NULL;
             pv.v_cache = D->v_cache;
         }
         if (D->n_qkv) {
@@ -1456,14 +1466,15 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                       proj_nn(s, &D->wq, n, q, qs, NULL, s->x, an, NULL, err)) ||
                    OP("attn_k", proj_n(s, &D->wk, n, k, qs, NULL, err)))
             goto fail;
-        if (D->n_qkv < 3 &&
+        if (D->n_qkv < 3 && !pq.w2_done &&
             OP("attn_v", proj_nn(s, &D->wv, n, v, qs, NULL, NULL, NULL,
                                  pq.post_done ? &pv : NULL, err)))
             goto fail;
         /* what the products did not do: every head, or the v heads */
         const int heads = s->n_head + 2 * s->n_head_kv;
-        const int h0 = !pq.post_done ? 0 : D->n_qkv == 3 || pv.v_done ? heads
-                                                                       : s->n_head + s->n_head_kv;
+        const int h0 = !pq.post_done                                 ? 0
+                       : D->n_qkv == 3 || pq.w2_done || pv.v_done ? heads
+                                                                     : s->n_head + s->n_head_kv;
         if (h0 < heads &&
             OP("qk_norm_rope_kv", strata_k_qkv_post_heads(&s->ctx, &qa, h0, heads, err)))
             goto fail;

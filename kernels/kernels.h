@@ -285,6 +285,14 @@ struct strata_k_mvq_args {
     const struct strata_k_qkv_args *post;
     int *post_counters;
     int *post_done;
+    /* PLAIN without ids, with x_in/in_norm (or NULL): a second weight of the same ne0
+     * whose rows follow w's, output columns ne1 .. ne1 + w2->ne1 - 1 of each slot (a
+     * merged q/k product and its v of another type), read in the same streamed launch;
+     * a post then covers its rows too.  Done for the pairs Q4_K/Q6_K and Q5_K/Q6_K only:
+     * *w2_done (required) is set to 1 when the launch did it, to 0 when the caller must
+     * run w2's product itself. */
+    const struct strata_k_weight *w2;
+    int *w2_done;
     /* PLAIN (or NULL): every output value of slot t, row r also stored as a half at
      * y16[(*y16_pos + t) * y16_stride + r]: a v product's rows straight into the kv
      * cache, the bits strata_k_qkv_post stores for them (y is still written) */

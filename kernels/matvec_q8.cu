@@ -97,6 +97,10 @@ struct mvq_params {
     __half *y16;
     const int32_t *y16_pos;
     int64_t y16_stride;
+    /* a streamed launch's second weight (strata_k_mvq_args.w2): rows after w's */
+    const uint8_t *w2;
+    size_t nb1_2;
+    int ne1_2, w2_type;
     /* a streamed launch's qkv_post (strata_k_mvq_args.post; post_cnt NULL: none) */
     int *post_cnt;
     struct strata_k_qkv_args post;
@@ -392,9 +396,52 @@ static __device__ __forceinline__ void mvq_post_chunk(const struct mvq_params &p
         p.post_cnt[heads[threadIdx.x]] = 0;
 }
 
-template <int T, int TPR, bool NORM>
+/* The rows of a streamed launch's chunk c: w's chunks first, then those of the second
+ * weight (mvq_params.w2, T2 != 0), whose rows follow w's in the output (columns ne1 ..
+ * ne1 + ne1_2 - 1). */
+struct mvq_chunk_of {
+    const uint8_t *w;
+    size_t total, ck; /* the weight's bytes, a chunk's bytes */
+    int c, col0, ne1; /* chunk index in the weight, its first output column, rows */
+    int second;
+};
+
+template <int T2>
+static __device__ __forceinline__ struct mvq_chunk_of mvq_chunk_at(const struct mvq_params &p,
+                                                                   int c, int n1, size_t ck,
+                                                                   size_t ck2)
+{
+    struct mvq_chunk_of q;
+    q.second = T2 != 0 && c >= n1;
+    q.w = q.second ? p.w2 : p.w;
+    q.total = q.second ? (size_t)p.ne1_2 * p.nb1_2 : (size_t)p.ne1 * p.nb1;
+    q.ck = q.second ? ck2 : ck;
+    q.c = q.second ? c - n1 : c;
+    q.col0 = q.second ? p.ne1 : 0;
+    q.ne1 = q.second ? p.ne1_2 : p.ne1;
+    return q;
+}
+
+/* The q8 dot products of a lane's units for rows roff of a chunk of type T in wb */
+template <int T, int TPR>
+static __device__ __forceinline__ void mvq_stream_sums(const uint8_t *wb, const size_t *roff,
+                                                       int gl, int tpr, int nu,
+                                                       const uint8_t *xr, float *acc)
+{
+    float acc2[2];
+    if (T == KT_Q6_K && TPR == 32)
+        q6k_sums_words<2>(wb, roff, gl, nu, xr, acc);
+    else
+        mvq_lane_sums<T, 2, false>(wb, NULL, roff, gl, tpr, nu, xr, acc, acc2);
+}
+
+/* T2: the type of a second weight whose rows follow w's (mvq_params.w2), 0 for none;
+ * n_chunk counts both weights' chunks (n1 of them w's), ck / ck2 their chunk bytes, cb
+ * a buffer's bytes (the larger, padded) */
+template <int T, int TPR, bool NORM, int T2 = 0>
 __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p, int n_slot,
-                                                            int n_chunk, size_t ck, size_t cb)
+                                                            int n_chunk, int n1, size_t ck,
+                                                            size_t ck2, size_t cb)
 {
     /* NORM: the slots' q8 rows first (n_slot * xq_row bytes), then the two buffers */
     extern __shared__ __align__(16) uint8_t mvq_smem[];
@@ -403,15 +450,17 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
      * their place in the super-block, and their offsets reduce to constants */
     const int tpr = TPR ? TPR : p.tpr, gl = threadIdx.x % tpr, grp = threadIdx.x / tpr;
     const int rows = (int)(blockDim.x / tpr) * 2;
-    const size_t total = (size_t)p.ne1 * p.nb1;
     int c = blockIdx.x, buf = 0;
-    if (c < n_chunk)
-        mvq_chunk_copy(mvq_sbuf, p.w, c, ck, total);
+    if (c < n_chunk) {
+        const struct mvq_chunk_of q = mvq_chunk_at<T2>(p, c, n1, ck, ck2);
+        mvq_chunk_copy(mvq_sbuf, q.w, q.c, q.ck, q.total);
+    }
     strata_cp_async_commit();
-    if (p.ahead && c + (int)gridDim.x < n_chunk) /* the second chunk to L2 meanwhile */
-        strata_prefetch_l2_bytes(p.w + (size_t)(c + gridDim.x) * ck,
-                                 min(ck, total - (size_t)(c + gridDim.x) * ck), threadIdx.x,
-                                 blockDim.x);
+    if (p.ahead && c + (int)gridDim.x < n_chunk) { /* the second chunk to L2 meanwhile */
+        const struct mvq_chunk_of q = mvq_chunk_at<T2>(p, c + gridDim.x, n1, ck, ck2);
+        strata_prefetch_l2_bytes(q.w + (size_t)q.c * q.ck, min(q.ck, q.total - (size_t)q.c * q.ck),
+                                 threadIdx.x, blockDim.x);
+    }
     if (NORM) /* the norm weights do not depend on the kernel before either */
         for (int i = 32 * threadIdx.x; i < 32 * p.nu; i += 32 * blockDim.x)
             strata_prefetch_l2(p.inw + i);
@@ -435,35 +484,41 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
             for (size_t i = threadIdx.x; i < (size_t)n_slot * p.xq_row / 16; i += blockDim.x)
                 ((uint4 *)p.inyq)[i] = ((const uint4 *)mvq_smem)[i];
     }
-    size_t roff[2] = {(size_t)(2 * grp) * p.nb1, (size_t)(2 * grp + 1) * p.nb1};
     for (; c < n_chunk; c += gridDim.x, buf ^= 1) {
-        if (c + (int)gridDim.x < n_chunk)
-            mvq_chunk_copy(mvq_sbuf + (buf ^ 1) * cb, p.w, c + gridDim.x, ck, total);
+        if (c + (int)gridDim.x < n_chunk) {
+            const struct mvq_chunk_of q = mvq_chunk_at<T2>(p, c + gridDim.x, n1, ck, ck2);
+            mvq_chunk_copy(mvq_sbuf + (buf ^ 1) * cb, q.w, q.c, q.ck, q.total);
+        }
         strata_cp_async_commit();
         strata_cp_async_wait<1>();
         __syncthreads();
+        const struct mvq_chunk_of q = mvq_chunk_at<T2>(p, c, n1, ck, ck2);
+        const size_t nb1 = q.second ? p.nb1_2 : p.nb1;
+        const size_t roff[2] = {(size_t)(2 * grp) * nb1, (size_t)(2 * grp + 1) * nb1};
         const uint8_t *wb = mvq_sbuf + buf * cb;
-        const int r0 = c * rows + 2 * grp;
+        const int r0 = q.c * rows + 2 * grp; /* rows of the chunk's weight */
         for (int s = 0; s < n_slot; s++) {
-            float acc[2] = {0.0f, 0.0f}, acc2[2];
+            float acc[2] = {0.0f, 0.0f};
             const uint8_t *xr = (NORM ? mvq_smem : p.xq) + (size_t)(s / p.x_group) * p.xq_row;
-            if (T == KT_Q6_K && TPR == 32)
-                q6k_sums_words<2>(wb, roff, gl, p.nu, xr, acc);
+            if (T2 && q.second)
+                mvq_stream_sums<T2 ? T2 : T, TPR>(wb, roff, gl, tpr, p.nu, xr, acc);
             else
-                mvq_lane_sums<T, 2, false>(wb, NULL, roff, gl, tpr, p.nu, xr, acc, acc2);
+                mvq_stream_sums<T, TPR>(wb, roff, gl, tpr, p.nu, xr, acc);
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const float a = mvq_group_sum(acc[r], tpr);
-                const int64_t o = (int64_t)s * p.y_stride + r0 + r;
-                if (gl == 0 && r0 + r < p.ne1) {
+                const int col = q.col0 + r0 + r;
+                const int64_t o = (int64_t)s * p.y_stride + col;
+                if (gl == 0 && r0 + r < q.ne1) {
                     const float v = (p.add ? p.add[o] : 0.0f) + a;
                     p.y[o] = v;
-                    mvq_store16(p, s, r0 + r, v);
+                    mvq_store16(p, s, col, v);
                 }
             }
         }
         if (p.post_cnt)
-            mvq_post_chunk(p, c * rows, min((c + 1) * rows, p.ne1), n_slot);
+            mvq_post_chunk(p, q.col0 + q.c * rows, q.col0 + min((q.c + 1) * rows, q.ne1),
+                           n_slot);
         __syncthreads();
     }
 }
@@ -506,21 +561,23 @@ struct mvq_stream_cache {
 };
 static pthread_mutex_t mvq_stream_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Launch mvq_stream_kernel<T, TPR, NORM> with threads threads a block and as many blocks
- * as the device holds at once.  *done = 0 (and 0 returned) when the device cannot run it
- * with that shared memory: the caller launches mvq_kernel instead. */
-template <int T, int TPR, bool NORM>
+/* Launch mvq_stream_kernel<T, TPR, NORM, T2> with threads threads a block and as many
+ * blocks as the device holds at once.  *done = 0 (and 0 returned) when the device cannot
+ * run it with that shared memory: the caller launches mvq_kernel instead. */
+template <int T, int TPR, bool NORM, int T2 = 0>
 static int mvq_stream_launch_t(struct strata_gpu_ctx *ctx, const struct mvq_params &p,
                                int n_slot, int threads, int *done, struct strata_err *err)
 {
     static struct mvq_stream_cache cache;
     const int rows = threads / p.tpr * 2;
     /* each buffer padded by 16 bytes (q6k_sums_words reads 2 past a row's end) */
-    const size_t ck = (size_t)rows * p.nb1, cb = ck + 16;
+    const size_t ck = (size_t)rows * p.nb1, ck2 = (size_t)rows * p.nb1_2; /* nb1_2 0: none */
+    const size_t cb = (T2 && ck2 > ck ? ck2 : ck) + 16;
     const size_t smem = 2 * cb + (NORM ? (size_t)n_slot * p.xq_row : 0);
-    const int n_chunk = (int)((p.ne1 + rows - 1) / rows);
+    const int n1 = (int)((p.ne1 + rows - 1) / rows);
+    const int n_chunk = n1 + (T2 ? (int)((p.ne1_2 + rows - 1) / rows) : 0);
     const int dev = ctx->info.device;
-    const void *k = reinterpret_cast<const void *>(mvq_stream_kernel<T, TPR, NORM>);
+    const void *k = reinterpret_cast<const void *>(mvq_stream_kernel<T, TPR, NORM, T2>);
     *done = 0;
     if (dev < 0 || dev >= MVQ_STREAM_DEVS ||
         (ctx->info.smem_optin && smem > ctx->info.smem_optin))
@@ -554,8 +611,8 @@ static int mvq_stream_launch_t(struct strata_gpu_ctx *ctx, const struct mvq_para
     if (blocks > n_chunk)
         blocks = n_chunk;
     dim3 grid((unsigned)blocks), block((unsigned)threads);
-    strata_k_launch_smem(ctx, mvq_stream_kernel<T, TPR, NORM>, grid, block, smem, p, n_slot,
-                         n_chunk, ck, cb);
+    strata_k_launch_smem(ctx, mvq_stream_kernel<T, TPR, NORM, T2>, grid, block, smem, p,
+                         n_slot, n_chunk, n1, ck, ck2, cb);
     *done = 1;
     __atomic_add_fetch(&mvq_stream_count, 1, __ATOMIC_RELAXED);
     return strata_k_check(ctx, "mvq_stream_kernel", grid, block, err,
@@ -567,6 +624,17 @@ template <int T>
 static int mvq_stream_launch(struct strata_gpu_ctx *ctx, const struct mvq_params &p,
                              int n_slot, int threads, int *done, struct strata_err *err)
 {
+    /* a second weight: the pairs a K-quant mix gives q/k and v (Q4_K_M, Q5_K_M: v in
+     * Q6_K on some layers), with the input norm */
+    if (p.w2) {
+        *done = 0;
+        if (!p.xin || p.w2_type != KT_Q6_K || (T != KT_Q4_K && T != KT_Q5_K))
+            return 0;
+        constexpr int t = T == KT_Q5_K ? KT_Q5_K : KT_Q4_K;
+        return p.tpr == 32
+                   ? mvq_stream_launch_t<t, 32, true, KT_Q6_K>(ctx, p, n_slot, threads, done, err)
+                   : mvq_stream_launch_t<t, 0, true, KT_Q6_K>(ctx, p, n_slot, threads, done, err);
+    }
     if (p.xin)
         return p.tpr == 32 ? mvq_stream_launch_t<T, 32, true>(ctx, p, n_slot, threads, done, err)
                            : mvq_stream_launch_t<T, 0, true>(ctx, p, n_slot, threads, done, err);
@@ -694,8 +762,24 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     p.y16_pos = a->y16_pos;
     p.y16_stride = a->y16_stride;
     p.post_cnt = NULL;
+    p.w2 = NULL;
+    p.nb1_2 = 0;
+    p.ne1_2 = 0;
+    p.w2_type = 0;
     p.tpr = strata_k_mvq_tpr(p.nu, p.k);
-    if (a->y16 && (mode != STRATA_K_MVQ_PLAIN || !a->y16_pos || a->y16_stride < w->ne1))
+    const struct strata_k_weight *w2 = a->w2;
+    if (w2 && (!a->w2_done || mode != STRATA_K_MVQ_PLAIN || a->ids ||
+               !strata_k_matvec_q8_supported(w2->type) || w2->ne0 != w->ne0 || w2->ne1 <= 0 ||
+               w2->ne1 > INT32_MAX - w->ne1 || (w2->nb1 & 1) || (uintptr_t)w2->data & 15 ||
+               a->y_stride < w->ne1 + w2->ne1))
+        return strata_k_err(err, STRATA_E_INVALID,
+                            "matvec_q8: a second weight needs a PLAIN product without ids, the "
+                            "same ne0 (%lld, has %lld), aligned rows, room for its rows in y "
+                            "and a done flag", (long long)w->ne0, w2 ? (long long)w2->ne0 : 0LL);
+    if (w2)
+        *a->w2_done = 0;
+    const int64_t ne1_all = w->ne1 + (w2 ? w2->ne1 : 0);
+    if (a->y16 && (mode != STRATA_K_MVQ_PLAIN || !a->y16_pos || a->y16_stride < ne1_all))
         return strata_k_err(err, STRATA_E_INVALID,
                             "matvec_q8: a half copy of the output needs a PLAIN product, its "
                             "position and a row stride of at least ne1=%lld", (long long)w->ne1);
@@ -703,7 +787,7 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
         const struct strata_k_qkv_args *q = a->post;
         const int64_t hd = q->hd, heads = q->n_head + 2 * (int64_t)q->n_head_kv;
         if (!a->post_done || !a->post_counters || mode != STRATA_K_MVQ_PLAIN || a->ids ||
-            a->x_group != 1 || hd <= 0 || hd > 512 || w->ne1 % hd || w->ne1 / hd > heads ||
+            a->x_group != 1 || hd <= 0 || hd > 512 || ne1_all % hd || ne1_all / hd > heads ||
             q->n_tok != a->n_slot ||
             q->q != a->y || q->k != a->y + q->n_head * hd || q->v != q->k + q->n_head_kv * hd ||
             q->q_stride != a->y_stride || q->k_stride != a->y_stride ||
@@ -711,7 +795,7 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
             return strata_k_err(err, STRATA_E_INVALID,
                                 "matvec_q8: the q/k/v post needs a PLAIN product of whole heads "
                                 "(ne1=%lld, hd=%lld) into the q/k/v rows it names, one slot per "
-                                "token, its counters and a done flag", (long long)w->ne1,
+                                "token, its counters and a done flag", (long long)ne1_all,
                                 (long long)hd);
         *a->post_done = 0;
     }
@@ -770,17 +854,38 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
             p.post = *a->post;
             p.rope = *a->post->rope;
         }
+        /* the second weight where its rows stream in the same chunks (16-byte pieces) */
+        if (w2 && stream_norm && mvq_stream_threads(w2->nb1, p.tpr) == sthreads) {
+            p.w2 = (const uint8_t *)w2->data;
+            p.nb1_2 = w2->nb1;
+            p.ne1_2 = (int)w2->ne1;
+            p.w2_type = (int)w2->type;
+        }
         switch (w->type) {
         case KT_Q4_K: rc = mvq_stream_launch<KT_Q4_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
         case KT_Q5_K: rc = mvq_stream_launch<KT_Q5_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
         case KT_Q6_K: rc = mvq_stream_launch<KT_Q6_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
         case KT_Q8_0: rc = mvq_stream_launch<KT_Q8_0>(ctx, p, a->n_slot, sthreads, &done, err); break;
         }
+        if (p.w2 && !done && !rc) {
+            /* no kernel for the pair: w alone */
+            p.w2 = NULL;
+            p.ne1_2 = 0;
+            switch (w->type) {
+            case KT_Q4_K: rc = mvq_stream_launch<KT_Q4_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
+            case KT_Q5_K: rc = mvq_stream_launch<KT_Q5_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
+            case KT_Q6_K: rc = mvq_stream_launch<KT_Q6_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
+            case KT_Q8_0: rc = mvq_stream_launch<KT_Q8_0>(ctx, p, a->n_slot, sthreads, &done, err); break;
+            }
+        }
+        if (done && p.w2)
+            *a->w2_done = 1;
         if (done && p.post_cnt)
             *a->post_done = 1;
         if (done || rc)
             return rc;
         p.post_cnt = NULL;
+        p.w2 = NULL;
         /* the device cannot hold that launch */
         if (stream_norm && (rc = norm_first()))
             return rc;

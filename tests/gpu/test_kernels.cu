@@ -704,10 +704,13 @@ static void test_matvec_q8_innorm(uint32_t type, int64_t ne0, int64_t ne1, int n
  * way runs twice (its outputs poisoned between), so a head counter left non-zero shows
  * as a second run that never posts; the counters must be zero after.  fused: whether
  * the product can do the post (a streamed launch); where it says it did not, the post
- * follows as its own launch (as the backend does). */
+ * follows as its own launch (as the backend does); -1: no post asked for (the post
+ * apart, after the product and its second weight).  fold (n_qkv 2): -1, v's product
+ * apart; 0 or 1, v passed as the q/k product's second weight (strata_k_mvq_args.w2),
+ * with whether the launch can take it (else v's product follows apart). */
 static void test_qkv_post_fused(uint32_t type, uint32_t vtype, int64_t ne0, int n_slot,
                                 int n_head, int n_head_kv, int hd, int n_qkv, int pos0,
-                                int fused)
+                                int fused, int fold)
 {
     struct strata_err err = {0, ""};
     const int nq = n_head * hd, nkv = n_head_kv * hd, qs = nq + 2 * nkv;
@@ -743,7 +746,7 @@ static void test_qkv_post_fused(uint32_t type, uint32_t vtype, int64_t ne0, int 
     struct strata_k_weight kw = {type, ne0, ne1, rb, rb * ne1, dw};
     struct strata_k_weight kv = {vtype, ne0, nkv, vrb, vrb * nkv, dwv};
     struct strata_k_norm_q8 nn = {dnw, 1e-6f, dxn, dxq};
-    int rc = 0, done[2] = {0, 0}, cnt_zero = 1;
+    int rc = 0, done[2] = {0, 0}, folded[2] = {-1, -1}, cnt_zero = 1;
     uint16_t *h[2][2];
     float *hq[2];
     for (int v = 0; v < 2; v++) {
@@ -770,14 +773,24 @@ static void test_qkv_post_fused(uint32_t type, uint32_t vtype, int64_t ne0, int 
         a.in_norm = &nn;
         a.y = dy[v];
         a.y_stride = qs;
-        int pd = -1;
+        int pd = -1, wd = -1;
         if (v) {
-            a.post = &qa;
-            a.post_counters = dcnt;
-            a.post_done = &pd;
+            if (fused >= 0) {
+                a.post = &qa;
+                a.post_counters = dcnt;
+                a.post_done = &pd;
+            } else {
+                pd = 0;
+            }
+            if (n_qkv == 2 && fold >= 0) {
+                a.w2 = &kv;
+                a.w2_done = &wd;
+            }
         }
         rc = strata_k_matvec_q8(&ctx, &a, &err);
-        if (!rc && n_qkv == 2) {
+        if (v)
+            folded[run - 1] = wd;
+        if (!rc && n_qkv == 2 && wd != 1) {
             plain_args(&a, &kv, n_slot, 1);
             a.xq = dxq;
             a.y = qa.v;
@@ -813,16 +826,19 @@ static void test_qkv_post_fused(uint32_t type, uint32_t vtype, int64_t ne0, int 
         const int same_k = memcmp(h[0][0] + off, h[1][0] + off, n16) == 0;
         const int same_v = memcmp(h[0][1] + off, h[1][1] + off, n16) == 0;
         if (run == 2)
-            ok(!rc && same_q && same_k && same_v && done[0] == fused && done[1] == fused &&
+            ok(!rc && same_q && same_k && same_v &&
+                   (fused < 0 || (done[0] == fused && done[1] == fused)) &&
+                   (fold < 0 || n_qkv != 2 || (folded[0] == fold && folded[1] == fold)) &&
                    cnt_zero,
                "q/k/v post inside the streamed product, %s%s%s [%lld x %lld], %d slots, heads "
-               "%d/%d hd=%d: q rows %s, k cache %s, v cache %s, done %d/%d (expected %d), "
-               "counters %s %s",
+               "%d/%d hd=%d: q rows %s, k cache %s, v cache %s, done %d/%d (expected %d), v "
+               "folded %d/%d (expected %d), counters %s %s",
                strata_ggml_type_name(type), n_qkv == 2 ? ", v apart " : "",
                n_qkv == 2 ? strata_ggml_type_name(vtype) : "", (long long)ne0, (long long)ne1,
                n_slot, n_head, n_head_kv, hd, same_q ? "equal" : "differ",
                same_k ? "equal" : "differ", same_v ? "equal" : "differ", done[0], done[1],
-               fused, cnt_zero ? "zero" : "left set", rc ? err.msg : "");
+               fused, folded[0], folded[1], fold, cnt_zero ? "zero" : "left set",
+               rc ? err.msg : "");
     }
     if (rc)
         ok(0, "q/k/v post inside the streamed product: %s", err.msg);
@@ -1117,13 +1133,21 @@ static void test_q8(void)
     /* the q/k/v post in the product: Qwen3-30B-A3B's heads (32/4, hd 128) with v in the
      * product and apart (Q6_K, as Q4_K_M has it), a 17-token window, hd 64 (a chunk of
      * 16 rows in a quarter of a head), Q8_0 */
-    test_qkv_post_fused(STRATA_TYPE_Q4_K, STRATA_TYPE_Q4_K, 2048, 1, 32, 4, 128, 3, 7, 1);
-    test_qkv_post_fused(STRATA_TYPE_Q4_K, STRATA_TYPE_Q6_K, 2048, 1, 32, 4, 128, 2, 130, 1);
-    test_qkv_post_fused(STRATA_TYPE_Q4_K, STRATA_TYPE_Q6_K, 2048, 17, 32, 4, 128, 2, 3, 1);
-    test_qkv_post_fused(STRATA_TYPE_Q5_K, STRATA_TYPE_Q5_K, 1024, 3, 16, 8, 64, 3, 0, 1);
-    test_qkv_post_fused(STRATA_TYPE_Q8_0, STRATA_TYPE_Q8_0, 160, 2, 14, 2, 64, 2, 40, 1);
+    test_qkv_post_fused(STRATA_TYPE_Q4_K, STRATA_TYPE_Q4_K, 2048, 1, 32, 4, 128, 3, 7, 1, -1);
+    test_qkv_post_fused(STRATA_TYPE_Q4_K, STRATA_TYPE_Q6_K, 2048, 1, 32, 4, 128, 2, 130, 1, -1);
+    test_qkv_post_fused(STRATA_TYPE_Q4_K, STRATA_TYPE_Q6_K, 2048, 17, 32, 4, 128, 2, 3, 1, -1);
+    test_qkv_post_fused(STRATA_TYPE_Q5_K, STRATA_TYPE_Q5_K, 1024, 3, 16, 8, 64, 3, 0, 1, -1);
+    test_qkv_post_fused(STRATA_TYPE_Q8_0, STRATA_TYPE_Q8_0, 160, 2, 14, 2, 64, 2, 40, 1, -1);
     /* rows of 28 Q8_0 blocks: no 256-thread stream, so the post runs apart */
-    test_qkv_post_fused(STRATA_TYPE_Q8_0, STRATA_TYPE_Q8_0, 896, 2, 14, 2, 64, 2, 40, 0);
+    test_qkv_post_fused(STRATA_TYPE_Q8_0, STRATA_TYPE_Q8_0, 896, 2, 14, 2, 64, 2, 40, 0, -1);
+    /* v (Q6_K) in the q/k product's launch: one token, a window, Q5_K, 64-wide heads; a
+     * pair without a kernel (Q8_0/Q8_0) runs v apart */
+    test_qkv_post_fused(STRATA_TYPE_Q4_K, STRATA_TYPE_Q6_K, 2048, 1, 32, 4, 128, 2, 9, 1, 1);
+    test_qkv_post_fused(STRATA_TYPE_Q4_K, STRATA_TYPE_Q6_K, 2048, 17, 32, 4, 128, 2, 200, 1, 1);
+    test_qkv_post_fused(STRATA_TYPE_Q5_K, STRATA_TYPE_Q6_K, 2048, 3, 16, 2, 64, 2, 1, 1, 1);
+    test_qkv_post_fused(STRATA_TYPE_Q8_0, STRATA_TYPE_Q8_0, 160, 2, 14, 2, 64, 2, 40, 1, 0);
+    /* v in the q/k launch, the post apart */
+    test_qkv_post_fused(STRATA_TYPE_Q4_K, STRATA_TYPE_Q6_K, 2048, 5, 32, 4, 128, 2, 60, -1, 1);
     test_matvec_q8_stage(STRATA_TYPE_Q6_K, 2304, 16411, 1, 3, 1); /* rows of 9 super-blocks:
                                                                      every other row 2 bytes off */
     /* with the following RMSNorm fused (attn_output, the experts' down projections) */
