@@ -64,5 +64,6 @@ int strata_draft_ngram_init(struct strata_spec_draft *d, int ngram_min, int ngra
     d->state = st;
     d->propose = ngram_propose;
     d->free = free;
+    d->cheap = 1;
     return 0;
 }

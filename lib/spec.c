@@ -28,6 +28,12 @@ struct strata_spec {
     int active;
     int trace;     /* STRATA_SPEC_TRACE=1: one line per window on stderr */
     int plain;     /* STRATA_SPEC_PLAIN=1: never draft (the loop's own cost, measured) */
+    /* a cheap draft's proposals at a plain step, checked against the tokens that follow
+     * (strata_spec_backoff_evidence): sh[0..sh_n) for the positions from sh_pos on,
+     * sh_i of them matched so far; sh_n 0: none pending */
+    int32_t sh[STRATA_SPEC_MAX];
+    int sh_n, sh_i;
+    int32_t sh_pos;
     /* strata_spec_set_topk: windows without drafts bring back only these */
     int32_t top_k;
     int top_lse;
@@ -248,6 +254,7 @@ void strata_spec_begin(struct strata_spec *s)
     s->active = 0;
     s->win_n = 0;
     s->cur = 0;
+    s->sh_n = 0;
 }
 
 int32_t strata_spec_n_past(const struct strata_spec *s)
@@ -399,7 +406,9 @@ int strata_spec_backoff_choose(struct strata_spec_backoff *b)
         b->draft_run = 0;
         if (best_pos == 0)
             b->probe_every = SPEC_PROBE_MAX; /* nothing open can pay: timings, not text */
-        if (++b->plain_run >= b->probe_every) {
+        /* proposals checked at plain steps say when the text turns predictable: no
+         * window probes for it */
+        if (++b->plain_run >= b->probe_every && !b->shadow) {
             best = best_pos > 0 ? best_pos : 1;
             b->probing = 1;
         }
@@ -493,6 +502,30 @@ void strata_spec_backoff_learn(struct strata_spec_backoff *b, int k, int a, doub
     }
 }
 
+void strata_spec_backoff_evidence(struct strata_spec_backoff *b, int k, int a)
+{
+    if (k < 1 || k > STRATA_SPEC_MAX || a < 0 || a > k)
+        return;
+    b->shadow = 1;
+    b->acc = 0.9 * b->acc + a;
+    b->rej = 0.9 * b->rej + (a < k);
+}
+
+/* A cheap draft's pending proposals against the token decided for position pos: one
+ * more matched, or the check ends (a mismatch, every proposal matched, or a position
+ * that is not the next one: a window ran, or the history was rolled back) and its
+ * evidence is counted. */
+static void shadow_check(struct strata_spec *s, int32_t pos, int32_t id)
+{
+    if (!s->sh_n)
+        return;
+    if (pos == s->sh_pos + s->sh_i && s->sh[s->sh_i] == id && ++s->sh_i < s->sh_n)
+        return;
+    if (pos == s->sh_pos + s->sh_i || s->sh_i == s->sh_n)
+        strata_spec_backoff_evidence(&s->bo, s->sh_n, s->sh_i);
+    s->sh_n = 0;
+}
+
 /* Close the current window: learn from it, drop its rejected positions.
  * decided: the next token was sampled (else the generation ended). */
 static int close_window(struct strata_spec *s, int decided, struct strata_err *err)
@@ -530,6 +563,7 @@ int strata_spec_next(struct strata_spec *s, int32_t id, const float **logits,
         return rc;
 
     const int32_t n_past = strata_engine_n_past(s->e);
+    shadow_check(s, n_past, id);
     int32_t room = strata_engine_n_ctx(s->e) - n_past - 1;
     int32_t k_max = s->have_draft && !s->plain ? strata_spec_backoff_choose(&s->bo) : 0;
     if (k_max > room)
@@ -564,6 +598,22 @@ int strata_spec_next(struct strata_spec *s, int32_t id, const float **logits,
             return rc;
         if (k < 0 || k > k_max)
             k = k < 0 ? 0 : k_max;
+    }
+    /* a plain step of an adaptive back-off with a cheap draft: what the draft would
+     * propose after id, checked against the tokens that follow */
+    if (k == 0 && s->have_draft && s->draft.cheap && s->bo.adaptive && !s->plain &&
+        !s->sh_n && s->n_max > 0 && n_past + 1 <= strata_engine_n_ctx(s->e)) {
+        memcpy(s->hist, strata_engine_history(s->e), (size_t)n_past * sizeof *s->hist);
+        s->hist[n_past] = id;
+        int32_t n = 0;
+        if ((rc = s->draft.propose(s->draft.state, s->hist, n_past + 1, s->n_max, s->sh, &n,
+                                   err)))
+            return rc;
+        if (n > 0 && n <= s->n_max) {
+            s->sh_n = n;
+            s->sh_i = 0;
+            s->sh_pos = n_past + 1;
+        }
     }
     double t0 = now_ms();
     const int by_topk = k == 0 && s->top_k > 0;

@@ -142,6 +142,11 @@ struct strata_spec_draft {
     void (*free)(void *state); /* may be NULL */
     double step_ms; /* ms one drafted token costs, measured when the draft was made
                        (a draft model's single step); 0: not measured */
+    /* 1: proposing costs no forward pass and depends on the history only (prompt
+     * lookup), so the back-off asks it at plain steps too and checks its proposals
+     * against the tokens that follow (strata_spec_backoff_evidence) instead of
+     * exploring and probing with windows */
+    int cheap;
 };
 
 /* Prompt lookup over hist (see above): *n_out tokens copied from after the
@@ -276,6 +281,8 @@ struct strata_spec_backoff {
                               the first wait after drafting stopped is at least that
                               over the probes' share, as later ones are */
     int probing;      /* the window being chosen/learnt is a probe */
+    int shadow;       /* acceptance also learnt from proposals checked at plain steps
+                         (strata_spec_backoff_evidence): no probes */
 };
 
 /* Start a model for T = n_max (0..STRATA_SPEC_MAX) drafts; adaptive 0 makes
@@ -303,6 +310,12 @@ void strata_spec_backoff_seed(struct strata_spec_backoff *b, int k, double cost)
  * but the probe's). */
 void strata_spec_backoff_learn(struct strata_spec_backoff *b, int k, int a, double ms,
                                double catchup_ms);
+
+/* Acceptance evidence without a window: a cheap draft's k proposals (1..n_max) made at
+ * a plain step, of which the tokens that followed matched the first a (0..k), counted
+ * as a window's drafts are (the same decayed counts).  It turns on b->shadow: from then
+ * on drafting stops and resumes on this evidence, and no window probes. */
+void strata_spec_backoff_evidence(struct strata_spec_backoff *b, int k, int a);
 
 /* ---- the general rejection-sampling step ----
  *

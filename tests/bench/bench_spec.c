@@ -216,7 +216,7 @@ int main(int argc, char **argv)
             continue;
         for (int m = 0; m < 4 && !rc; m++) {
             struct known k = {ref, n_gen, n_prompt, m >= 2, nv};
-            struct strata_spec_draft d = {"known", &k, known_propose, NULL, 0};
+            struct strata_spec_draft d = {"known", &k, known_propose, NULL, 0, 1};
             struct strata_spec_opts so;
             strata_spec_opts_init(&so);
             so.n_max = (int)T;

@@ -208,7 +208,7 @@ static void greedy(const char *name, const char *draft_name, size_t n_prompts)
             memcpy(full, ids, sizeof *ids * n);
             memcpy(full + n, plain.res.ids, sizeof *full * (size_t)plain.res.n_gen);
             struct fixed f = { full, (int32_t)n + plain.res.n_gen, -1 };
-            struct strata_spec_draft fd = { "oracle", &f, fixed_propose, NULL, 0 };
+            struct strata_spec_draft fd = { "oracle", &f, fixed_propose, NULL, 0, 0 };
             struct strata_spec_opts so;
             strata_spec_opts_init(&so);
             so.n_max = 4;
@@ -238,6 +238,24 @@ static void greedy(const char *name, const char *draft_name, size_t n_prompts)
                    "%s: a draft that is always wrong backs off (%llu drafted in %llu steps)",
                    name, (unsigned long long)sr.st.n_drafted, (unsigned long long)sr.st.n_steps);
                 strata_gen_result_free(&sr.res);
+                /* the same draft marked cheap: its proposals are checked at the plain
+                 * steps before the first window, which then never comes */
+                fd.cheap = 1;
+                gen(&m, ids, n, &gp, &so, &sr);
+                ok(same_run(&plain, &sr) && sr.st.n_drafted == 0,
+                   "%s: a cheap draft that is always wrong never drafts (%llu drafted in %llu "
+                   "steps)", name, (unsigned long long)sr.st.n_drafted,
+                   (unsigned long long)sr.st.n_steps);
+                strata_gen_result_free(&sr.res);
+                /* and a cheap oracle drafts: its proposals all match */
+                f.wrong = -1;
+                gen(&m, ids, n, &gp, &so, &sr);
+                ok(same_run(&plain, &sr) && sr.st.n_drafted > 0 &&
+                   sr.st.n_accepted + 8 >= sr.st.n_drafted,
+                   "%s: a cheap oracle drafts with the back-off (%llu of %llu accepted)", name,
+                   (unsigned long long)sr.st.n_accepted, (unsigned long long)sr.st.n_drafted);
+                strata_gen_result_free(&sr.res);
+                fd.cheap = 0;
             }
             free(full);
         }
@@ -645,6 +663,10 @@ struct bo_sim {
     double spike_p, spike;   /* a share of all windows (plain too) cost spike times more */
     double catchup;          /* plain steps per token the draft catches up on */
     double catchup_est;      /* the back-off's estimate of a probe's catch-up (0 none) */
+    int shadow;              /* a cheap draft: T proposals at each plain step, checked
+                                (strata_spec_backoff_evidence) */
+    double alpha2;           /* the acceptance from token switch_at on (switch_at 0: none) */
+    int switch_at;
     int n_tokens;
     /* results */
     int n_windows, n_drafting, n_tokens_out, n_hopeless_chosen, n_catchups;
@@ -682,11 +704,19 @@ static void bo_run(struct bo_sim *m, uint64_t seed)
             cu = (behind < STRATA_SPEC_CATCHUP ? behind : STRATA_SPEC_CATCHUP) * m->catchup;
             m->n_catchups++;
         }
+        const double alpha =
+            m->switch_at && m->n_tokens_out >= m->switch_at ? m->alpha2 : m->alpha;
         int a = 0;
-        while (a < k && unif(&seed) < m->alpha)
+        while (a < k && unif(&seed) < alpha)
             a++;
         behind = k > 0 ? 0 : behind + 1;
         strata_spec_backoff_learn(&b, k, a, ms, cu);
+        if (m->shadow && k == 0 && unif(&seed) >= m->p_none) {
+            int sa = 0;
+            while (sa < m->T && unif(&seed) < alpha)
+                sa++;
+            strata_spec_backoff_evidence(&b, m->T, sa);
+        }
         m->time += ms + cu;
         m->n_windows++;
         m->n_drafting += k > 0;
@@ -723,6 +753,37 @@ static void backoff(void)
         ok(m.n_drafting <= 3 && bo_speed(&m) >= (n < 1000 ? 0.98 : 0.995),
            "back-off, draft-model costs on a slow CPU, %d tokens: %d drafting windows (<= 3), "
            "speed %.3f", n, m.n_drafting, bo_speed(&m));
+    }
+    /* a cheap draft whose proposals are checked at plain steps: wrong ones never cost
+     * a window, with cheap windows or with a MoE's (2 positions about 1.9 plain steps),
+     * right ones draft, and a text that turns predictable is drafted again without a
+     * probe */
+    {
+        struct bo_sim m = { .T = 4, .alpha = 0, .c1 = 1.05, .slope = 0.05, .power = 1,
+                            .first = 1, .shadow = 1, .n_tokens = 1000 };
+        bo_run(&m, 5);
+        ok(m.n_drafting == 0 && bo_speed(&m) >= 0.9999,
+           "back-off, checked proposals, acceptance 0, cheap windows: %d of %d windows "
+           "drafted (0), speed %.4f", m.n_drafting, m.n_windows, bo_speed(&m));
+        struct bo_sim w = { .T = 8, .alpha = 0, .p_none = 0.5, .c1 = 1.9, .slope = 0.5,
+                            .power = 0.8, .first = 1, .shadow = 1, .n_tokens = 128 };
+        bo_run(&w, 6);
+        ok(w.n_drafting == 0 && bo_speed(&w) >= 0.9999,
+           "back-off, checked proposals, acceptance 0, a MoE's windows, 128 tokens: %d "
+           "drafting windows (0), speed %.4f", w.n_drafting, bo_speed(&w));
+        struct bo_sim r = { .T = 4, .alpha = 0.95, .c1 = 1.05, .slope = 0.05, .power = 1,
+                            .first = 1, .shadow = 1, .n_tokens = 1000 };
+        bo_run(&r, 7);
+        ok(r.n_drafting * 10 >= 9 * r.n_windows && bo_speed(&r) >= 3,
+           "back-off, checked proposals, acceptance 0.95: %d of %d windows drafted (>= 90%%), "
+           "speed %.2f (>= 3)", r.n_drafting, r.n_windows, bo_speed(&r));
+        struct bo_sim c = { .T = 4, .alpha = 0, .alpha2 = 0.95, .switch_at = 500, .c1 = 1.05,
+                            .slope = 0.05, .power = 1, .first = 1, .shadow = 1,
+                            .n_tokens = 1000 };
+        bo_run(&c, 8);
+        ok(c.n_drafting >= 100 && bo_speed(&c) >= 1.5,
+           "back-off, checked proposals, acceptance 0 then 0.95 from token 500: %d drafting "
+           "windows (>= 100), speed %.2f (>= 1.5)", c.n_drafting, bo_speed(&c));
     }
     /* acceptance 0 with cheap windows: explores, then probes ever more rarely */
     {
