@@ -519,6 +519,10 @@ static void shadow_check(struct strata_spec *s, int32_t pos, int32_t id)
 {
     if (!s->sh_n)
         return;
+    if (pos == s->sh_pos + s->sh_i) {
+        s->st.n_checked++;
+        s->st.n_checked_ok += s->sh[s->sh_i] == id;
+    }
     if (pos == s->sh_pos + s->sh_i && s->sh[s->sh_i] == id && ++s->sh_i < s->sh_n)
         return;
     if (pos == s->sh_pos + s->sh_i || s->sh_i == s->sh_n)

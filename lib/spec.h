@@ -121,6 +121,8 @@ struct strata_spec_stats {
     uint64_t n_accepted; /* drafted tokens accepted */
     double t_draft_ms;   /* time spent drafting */
     double t_verify_ms;  /* time of the windows' forward calls */
+    uint64_t n_checked;    /* a cheap draft's proposed tokens checked at plain steps */
+    uint64_t n_checked_ok; /* of them, those the plain steps then produced */
 };
 
 /* ---- drafts ---- */
