@@ -782,7 +782,8 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     if (a->y16 && (mode != STRATA_K_MVQ_PLAIN || !a->y16_pos || a->y16_stride < ne1_all))
         return strata_k_err(err, STRATA_E_INVALID,
                             "matvec_q8: a half copy of the output needs a PLAIN product, its "
-                            "position and a row stride of at least ne1=%lld", (long long)w->ne1);
+                            "position and a row stride of at least its rows (%lld)",
+                            (long long)ne1_all);
     if (a->post) {
         const struct strata_k_qkv_args *q = a->post;
         const int64_t hd = q->hd, heads = q->n_head + 2 * (int64_t)q->n_head_kv;
@@ -849,7 +850,8 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
         int done = 0, rc = 0;
         /* the q/k/v post where a chunk of rows touches few enough heads */
         const int srows = sthreads / p.tpr * 2;
-        if (a->post && (srows + a->post->hd - 1) / a->post->hd + 1 <= MVQ_POST_HEADS) {
+        if (a->post && (srows + a->post->hd - 1) / a->post->hd + 1 <= MVQ_POST_HEADS &&
+            qkv_post_threads(a->post->hd) <= sthreads) {
             p.post_cnt = a->post_counters;
             p.post = *a->post;
             p.rope = *a->post->rope;

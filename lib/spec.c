@@ -407,8 +407,9 @@ int strata_spec_backoff_choose(struct strata_spec_backoff *b)
         if (best_pos == 0)
             b->probe_every = SPEC_PROBE_MAX; /* nothing open can pay: timings, not text */
         /* proposals checked at plain steps say when the text turns predictable: no
-         * window probes for it */
-        if (++b->plain_run >= b->probe_every && !b->shadow) {
+         * window probes for it, only (every SPEC_PROBE_MAX steps) to re-time sizes
+         * that nothing open could pay at */
+        if (++b->plain_run >= b->probe_every && (!b->shadow || best_pos == 0)) {
             best = best_pos > 0 ? best_pos : 1;
             b->probing = 1;
         }
@@ -579,6 +580,7 @@ int strata_spec_next(struct strata_spec *s, int32_t id, const float **logits,
     s->win[0] = id;
     s->catchup_ms = 0;
     if (s->have_draft && k_max > 0) {
+        s->sh_n = 0; /* a window decides these positions: its own outcome is learnt */
         double t0 = now_ms();
         memcpy(s->hist, strata_engine_history(s->e), (size_t)n_past * sizeof *s->hist);
         s->hist[n_past] = id;

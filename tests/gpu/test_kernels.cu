@@ -1146,6 +1146,8 @@ static void test_q8(void)
     test_qkv_post_fused(STRATA_TYPE_Q4_K, STRATA_TYPE_Q6_K, 2048, 17, 32, 4, 128, 2, 200, 1, 1);
     test_qkv_post_fused(STRATA_TYPE_Q5_K, STRATA_TYPE_Q6_K, 2048, 3, 16, 2, 64, 2, 1, 1, 1);
     test_qkv_post_fused(STRATA_TYPE_Q8_0, STRATA_TYPE_Q8_0, 160, 2, 14, 2, 64, 2, 40, 1, 0);
+    /* heads of 34 rows: the q/k weight's and v's last chunks cut short */
+    test_qkv_post_fused(STRATA_TYPE_Q4_K, STRATA_TYPE_Q6_K, 2048, 2, 3, 1, 34, 2, 5, 1, 1);
     /* v in the q/k launch, the post apart */
     test_qkv_post_fused(STRATA_TYPE_Q4_K, STRATA_TYPE_Q6_K, 2048, 5, 32, 4, 128, 2, 60, -1, 1);
     test_matvec_q8_stage(STRATA_TYPE_Q6_K, 2304, 16411, 1, 3, 1); /* rows of 9 super-blocks:
