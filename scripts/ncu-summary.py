@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """ncu-summary.py - per-kernel times of an Nsight Compute CSV (scripts/gpu-profile.sh ncu).
 
-    scripts/ncu-summary.py NCU.csv [LAST_N]
+    scripts/ncu-summary.py NCU.csv [LAST_N | STEPSs]
 
-Groups the last LAST_N kernels (default: all) by kernel name and grid, and prints for each
-group the launches, mean and total gpu__time_duration in microseconds, largest total
-first.  ncu runs every kernel alone with cold caches, so small kernels read longer than
+Groups the last LAST_N kernels (default: all), or those of the last STEPS decode steps
+("6s": from the sixth last token-embedding launch, get_rows, on; the launches a step
+takes are printed), by kernel name and grid, and prints for each group the launches,
+mean and total gpu__time_duration in microseconds, largest total first.  ncu runs every kernel alone with cold caches, so small kernels read longer than
 they run inside a graph; the totals still say where a step's time goes.
 """
 import csv
@@ -27,7 +28,16 @@ def main():
     unit = rows[1][ti]
     scale = {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "nsecond": 1e-3, "ms": 1e3}.get(unit, 1.0)
     data = [r for r in rows[2:] if len(r) > ti and r[ti]]
-    if len(sys.argv) > 2:
+    if len(sys.argv) > 2 and sys.argv[2].endswith("s"):
+        steps = int(sys.argv[2][:-1])
+        starts = [i for i, r in enumerate(data) if r[ki].startswith(("get_rows", "void get_rows"))]
+        if len(starts) < steps:
+            sys.exit("%s: %d decode steps (get_rows launches), %d asked for"
+                     % (sys.argv[1], len(starts), steps))
+        data = data[starts[-steps]:]
+        print("%d launches in the last %d steps: %.1f a step" % (len(data), steps,
+                                                                len(data) / steps))
+    elif len(sys.argv) > 2:
         data = data[-int(sys.argv[2]):]
     groups = OrderedDict()
     for r in data:
