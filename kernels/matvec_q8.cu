@@ -863,22 +863,21 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
             p.ne1_2 = (int)w2->ne1;
             p.w2_type = (int)w2->type;
         }
-        switch (w->type) {
-        case KT_Q4_K: rc = mvq_stream_launch<KT_Q4_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
-        case KT_Q5_K: rc = mvq_stream_launch<KT_Q5_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
-        case KT_Q6_K: rc = mvq_stream_launch<KT_Q6_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
-        case KT_Q8_0: rc = mvq_stream_launch<KT_Q8_0>(ctx, p, a->n_slot, sthreads, &done, err); break;
-        }
+        auto stream = [&]() {
+            switch (w->type) {
+            case KT_Q4_K: return mvq_stream_launch<KT_Q4_K>(ctx, p, a->n_slot, sthreads, &done, err);
+            case KT_Q5_K: return mvq_stream_launch<KT_Q5_K>(ctx, p, a->n_slot, sthreads, &done, err);
+            case KT_Q6_K: return mvq_stream_launch<KT_Q6_K>(ctx, p, a->n_slot, sthreads, &done, err);
+            case KT_Q8_0: return mvq_stream_launch<KT_Q8_0>(ctx, p, a->n_slot, sthreads, &done, err);
+            }
+            return 0;
+        };
+        rc = stream();
         if (p.w2 && !done && !rc) {
             /* no kernel for the pair: w alone */
             p.w2 = NULL;
             p.ne1_2 = 0;
-            switch (w->type) {
-            case KT_Q4_K: rc = mvq_stream_launch<KT_Q4_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
-            case KT_Q5_K: rc = mvq_stream_launch<KT_Q5_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
-            case KT_Q6_K: rc = mvq_stream_launch<KT_Q6_K>(ctx, p, a->n_slot, sthreads, &done, err); break;
-            case KT_Q8_0: rc = mvq_stream_launch<KT_Q8_0>(ctx, p, a->n_slot, sthreads, &done, err); break;
-            }
+            rc = stream();
         }
         if (done && p.w2)
             *a->w2_done = 1;

@@ -68,6 +68,13 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* 1 if environment variable name is set to anything but "" or "0". */
+static int env_on(const char *name)
+{
+    const char *e = getenv(name);
+    return e && *e && strcmp(e, "0") != 0;
+}
+
 static const char *const mode_names[] = { "auto", "ngram", "draft", "mtp" };
 
 int strata_spec_mode_parse(const char *name)
@@ -150,10 +157,8 @@ int strata_spec_create(struct strata_spec **out, struct strata_engine *target,
         return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
     s->e = target;
     s->n_max = o->n_max;
-    const char *tr = getenv("STRATA_SPEC_TRACE");
-    s->trace = tr && *tr && strcmp(tr, "0") != 0;
-    const char *pl = getenv("STRATA_SPEC_PLAIN");
-    s->plain = pl && *pl && strcmp(pl, "0") != 0;
+    s->trace = env_on("STRATA_SPEC_TRACE");
+    s->plain = env_on("STRATA_SPEC_PLAIN");
     strata_spec_backoff_init(&s->bo, o->n_max, o->adaptive);
     s->n_vocab = strata_engine_n_vocab(target);
     s->rows = malloc((size_t)(o->n_max + 1) * (size_t)s->n_vocab * sizeof *s->rows);
@@ -520,14 +525,17 @@ static void shadow_check(struct strata_spec *s, int32_t pos, int32_t id)
 {
     if (!s->sh_n)
         return;
-    if (pos == s->sh_pos + s->sh_i) {
-        s->st.n_checked++;
-        s->st.n_checked_ok += s->sh[s->sh_i] == id;
-    }
-    if (pos == s->sh_pos + s->sh_i && s->sh[s->sh_i] == id && ++s->sh_i < s->sh_n)
+    if (pos != s->sh_pos + s->sh_i) {
+        s->sh_n = 0; /* not the next position: dropped, nothing learnt */
         return;
-    if (pos == s->sh_pos + s->sh_i || s->sh_i == s->sh_n)
-        strata_spec_backoff_evidence(&s->bo, s->sh_n, s->sh_i);
+    }
+    s->st.n_checked++;
+    if (s->sh[s->sh_i] == id) {
+        s->st.n_checked_ok++;
+        if (++s->sh_i < s->sh_n)
+            return;
+    }
+    strata_spec_backoff_evidence(&s->bo, s->sh_n, s->sh_i);
     s->sh_n = 0;
 }
 
@@ -605,9 +613,10 @@ int strata_spec_next(struct strata_spec *s, int32_t id, const float **logits,
         if (k < 0 || k > k_max)
             k = k < 0 ? 0 : k_max;
     }
-    /* a plain step of an adaptive back-off with a cheap draft: what the draft would
-     * propose after id, checked against the tokens that follow */
-    if (k == 0 && s->have_draft && s->draft.cheap && s->bo.adaptive && !s->plain &&
+    /* a plain step of an adaptive back-off with a cheap draft that was not asked for
+     * this window: what it would propose after id, checked against the tokens that
+     * follow (when it was asked and proposed nothing, there is nothing to check) */
+    if (k_max == 0 && s->have_draft && s->draft.cheap && s->bo.adaptive && !s->plain &&
         !s->sh_n && s->n_max > 0 && n_past + 1 <= strata_engine_n_ctx(s->e)) {
         memcpy(s->hist, strata_engine_history(s->e), (size_t)n_past * sizeof *s->hist);
         s->hist[n_past] = id;
