@@ -253,6 +253,21 @@ struct host_range {
     uintptr_t lo, hi;
 };
 
+/* phases of a host-planned decode step's MoE layer (STRATA_EC_TRACE=1) */
+enum {
+    TR_CALLER,  /* from the layer before's return: the caller's launches */
+    TR_ENQUEUE, /* the prefetch router and the copies of ids and inputs */
+    TR_SYNC,    /* waiting for the forward pass up to the routed ids */
+    TR_PLAN,    /* lookup, dispatch of copies, the compute stream's wait */
+    TR_LAUNCH,  /* the GPU experts' uploads and launches, the prefetch's copies */
+    TR_CPU,     /* the CPU experts */
+    TR_UPLOAD,  /* their results to the device */
+    TR_N
+};
+static const char *const tr_name[TR_N] = {"caller's launches", "enqueue", "wait for ids",
+                                          "plan", "GPU launches", "CPU experts",
+                                          "CPU results up"};
+
 struct strata_gpu_ec {
     struct strata_gpu_ctx *ctx;
     const struct strata_model *m;
@@ -368,6 +383,11 @@ struct strata_gpu_ec {
     uint64_t zc_bytes, graph_steps;
     /* statistics */
     double t_fwd_sync, t_cpu, t_copy_wait, t_moe;
+    /* STRATA_EC_TRACE=1: where a host-planned decode step's MoE layer spends its time
+     * on the host, summed over such layers (TR_* phases, seconds; printed at close) */
+    int trace;
+    double tr[TR_N], tr_exit;
+    uint64_t tr_layers, tr_cpu_layers, tr_copy_layers;
     uint64_t bytes_copied, n_copies, n_cpu_experts, n_batches;
 };
 
@@ -376,6 +396,13 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* A switch of the environment: set to anything but "" or "0". */
+static int env_on(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
 }
 
 static int call(struct strata_gpu_ec *gx, cudaError_t e, const char *what, struct strata_err *err)
@@ -709,6 +736,27 @@ static double cpu_expert_rate(struct strata_gpu_ec *gx)
 
 /* ---- create / free ---- */
 
+/* STRATA_EC_TRACE=1: log the host-planned decode layers' phases since the last
+ * flush, and start again. */
+static void trace_flush(struct strata_gpu_ec *gx)
+{
+    char line[512];
+    int o;
+    if (!gx->trace || !gx->tr_layers)
+        return;
+    o = snprintf(line, sizeof line, "host-planned decode, per MoE layer (%llu layers; %llu "
+                 "with copies, %llu with CPU experts; pcie_frac %.2f), us:",
+                 (unsigned long long)gx->tr_layers, (unsigned long long)gx->tr_copy_layers,
+                 (unsigned long long)gx->tr_cpu_layers, gx->frac_decode);
+    for (int i = 0; i < TR_N && o > 0 && (size_t)o < sizeof line; i++)
+        o += snprintf(line + o, sizeof line - (size_t)o, "%s %s %.1f", i ? "," : "",
+                      tr_name[i], gx->tr[i] / (double)gx->tr_layers * 1e6);
+    strata_log_info("%s", line);
+    memset(gx->tr, 0, sizeof gx->tr);
+    gx->tr_layers = gx->tr_copy_layers = gx->tr_cpu_layers = 0;
+    gx->tr_exit = 0;
+}
+
 void strata_gpu_ec_times(struct strata_gpu_ec *gx, int reset, struct strata_ec_times *t)
 {
     collect_wait(gx);
@@ -719,6 +767,7 @@ void strata_gpu_ec_times(struct strata_gpu_ec *gx, int reset, struct strata_ec_t
          (reset && cudaMemset(gx->d_pf_cnt + 2, 0, sizeof pf) != cudaSuccess)))
         (void)cudaGetLastError(); /* statistics only */
     if (reset) {
+        trace_flush(gx);
         gx->t_moe = gx->t_fwd_sync = gx->t_copy_wait = gx->t_cpu = 0;
         gx->bytes_copied = gx->n_copies = gx->n_cpu_experts = 0;
         gx->graph_steps = gx->zc_bytes = 0;
@@ -797,6 +846,7 @@ void strata_gpu_ec_free(struct strata_gpu_ec *gx)
     if (gx->ctx && gx->ctx->stream)
         (void)cudaStreamSynchronize(gx->ctx->stream);
     collect_wait(gx);
+    trace_flush(gx);
     if (gx->ec && gx->cfg.stats)
         print_stats(gx);
     unregister_all(gx);
@@ -1503,6 +1553,7 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
         (rc = call(gx, cudaEventCreate(&gx->ev_w0), "cudaEventCreate", err)) ||
         (rc = call(gx, cudaEventCreate(&gx->ev_w1), "cudaEventCreate", err)))
         goto out;
+    gx->trace = env_on("STRATA_EC_TRACE");
     {
         uint64_t pinned = 0;
         double t0 = now_s();
@@ -1553,12 +1604,14 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
         eo.expert_bytes = gx->rec;
         eo.adapt_every = gx->cfg.adapt_every;
         eo.pcie_frac = gx->frac_decode;
-        {
-            /* STRATA_EC_NO_PREFETCH_EVICT=1: prefetches take free slots only (A/B) */
-            const char *pe = getenv("STRATA_EC_NO_PREFETCH_EVICT");
-            if (pe && *pe && strcmp(pe, "0") != 0)
-                eo.prefetch_evict = 0;
-        }
+        /* STRATA_EC_PREFETCH=1: host-planned decode steps prefetch (strata_ec_cfg
+         * prefetch); STRATA_EC_NO_PREFETCH_EVICT=1: prefetches take free slots only */
+        if (env_on("STRATA_EC_NO_PREFETCH_EVICT"))
+            eo.prefetch_evict = 0;
+        if (env_on("STRATA_EC_PREFETCH"))
+            gx->cfg.prefetch = 1;
+        if (gx->route_uniform)
+            gx->cfg.prefetch = 0; /* it predicts the router's choice, not the random one */
         if (in->pack && strata_pack_dir(in->pack)) {
             if ((rc = strata_ec_profile_find(&prof, strata_pack_dir(in->pack), gx->L, gx->X,
                                              &found, err)))
@@ -2028,6 +2081,39 @@ static int op_cpu(void *ctx, int il, int ie, int n_tok, struct strata_err *err)
     return 0;
 }
 
+/* Copies of MoE layer nx's likely experts (the router's logits in h_rnext) into the
+ * slots strata_ec_prefetch picks. */
+static int prefetch_next(struct strata_gpu_ec *gx, int nx, struct strata_err *err)
+{
+    int32_t cand[64], ie[64], slot[64];
+    int rc = 0;
+    int nc = strata_ec_predict(gx->h_rnext, gx->X, gx->K < 64 ? gx->K : 64, cand);
+    int np = strata_ec_prefetch(gx->ec, nx, cand, nc, ie, slot);
+    for (int i = 0; i < np && !rc; i++)
+        rc = fill_slot(gx, nx, ie[i], slot[i], err);
+    if (!rc && np)
+        rc = call(gx, cudaEventRecord(gx->ev_copy, gx->copy), "cudaEventRecord", err);
+    return rc;
+}
+
+/* The routed ids (and the CPU experts' inputs) to the host, on the compute stream. */
+static int ids_back(struct strata_gpu_ec *gx, const struct strata_gpu_ec_io *io, int n,
+                    struct strata_err *err)
+{
+    cudaStream_t st = gx->ctx->stream;
+    int rc;
+    if ((rc = call(gx, cudaMemcpyAsync(gx->h_ids, io->eids, 4 * (size_t)n * gx->K,
+                                       cudaMemcpyDeviceToHost, st), "copy of the routed ids",
+                   err)))
+        return rc;
+    if (gx->cpu_possible && n <= gx->mv_max &&
+        (rc = call(gx, cudaMemcpyAsync(gx->h_xn, io->xn, 4 * (size_t)n * gx->E,
+                                       cudaMemcpyDeviceToHost, st),
+                   "copy of the expert inputs", err)))
+        return rc;
+    return 0;
+}
+
 int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct strata_gpu_ec_io *io,
                       int *done, struct strata_err *err)
 {
@@ -2035,7 +2121,7 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
     cudaStream_t st = gx->ctx->stream;
     struct strata_ec_plan p;
     int rc = 0, nx = gx->next_moe[il], rows_cpu = 0, n_rounds = 1;
-    int prefetch = !gx->cfg.no_prefetch && n == 1 && nx >= 0 && gx->n_slots > 0 &&
+    int prefetch = gx->cfg.prefetch && n == 1 && nx >= 0 && gx->n_slots > 0 &&
                    gx->gate_inp[nx].data;
     double t_in = now_s();
     /* a chunk that admits none (see admit0) */
@@ -2048,6 +2134,13 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
     gx->hist_valid = 0; /* a graph step's routing is seen before the next graph step only */
     gx->arena_used = 0;
     gx->n_batches++;
+    const int tr = gx->trace && n == 1;
+    double tt[TR_N + 1];
+    if (tr) {
+        tt[TR_ENQUEUE] = t_in;
+        if (gx->tr_exit > 0 && il != gx->first_moe)
+            gx->tr[TR_CALLER] += t_in - gx->tr_exit;
+    }
     if (prefetch) {
         /* the next layer's router on this layer's input: its likely experts */
         struct strata_k_mv_args a;
@@ -2065,19 +2158,17 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
                        err)))
             return rc;
     }
-    if ((rc = call(gx, cudaMemcpyAsync(gx->h_ids, io->eids, 4 * (size_t)A, cudaMemcpyDeviceToHost,
-                                       st), "copy of the routed ids", err)))
-        return rc;
-    if (gx->cpu_possible && n <= gx->mv_max &&
-        (rc = call(gx, cudaMemcpyAsync(gx->h_xn, io->xn, 4 * (size_t)n * gx->E,
-                                       cudaMemcpyDeviceToHost, st),
-                   "copy of the expert inputs", err)))
+    if ((rc = ids_back(gx, io, n, err)))
         return rc;
     double t0 = now_s();
     if ((rc = call(gx, cudaStreamSynchronize(st), "forward pass before the routed experts "
                                                   "(asynchronous error)", err)))
         return rc;
     gx->t_fwd_sync += now_s() - t0;
+    if (tr) {
+        tt[TR_ENQUEUE + 1] = t0;
+        tt[TR_SYNC + 1] = now_s();
+    }
     collect_wait(gx);
     if ((rc = poll_fills(gx, 0, err)) || (gx->gfill_count && (rc = gfill_poll(gx, 0, err))))
         return rc;
@@ -2107,6 +2198,10 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
     if ((rc = strata_ec_dispatch(gx->ec, &p, &ops, gx, err)) ||
         (rc = copies_then_compute(gx, err)))
         goto out;
+    if (tr) {
+        tt[TR_PLAN + 1] = now_s();
+        gx->tr_copy_layers += gx->n_pending > 0;
+    }
     for (int i = 0; i < p.n_items; i++) {
         const struct strata_ec_item *m = &p.items[i];
         gx->buf_of[m->expert] = -1;
@@ -2172,19 +2267,12 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
     }
     if (rc)
         goto out;
-    if (prefetch) {
-        int32_t cand[64], ie[64], slot[64];
-        int nc = strata_ec_predict(gx->h_rnext, gx->X, K < 64 ? K : 64, cand);
-        int np = strata_ec_prefetch(gx->ec, nx, cand, nc, ie, slot);
-        for (int i = 0; i < np && !rc; i++)
-            rc = fill_slot(gx, nx, ie[i], slot[i], err);
-        if (!rc && np)
-            rc = call(gx, cudaEventRecord(gx->ev_copy, gx->copy), "cudaEventRecord", err);
-        if (rc)
-            goto out;
-    }
+    if (prefetch && (rc = prefetch_next(gx, nx, err)))
+        goto out;
     if (no_admit)
         gx->boost = 1; /* the next mat-vec batch's re-balance takes the chunk's experts */
+    if (tr)
+        tt[TR_LAUNCH + 1] = tt[TR_CPU + 1] = now_s();
     if (p.n_cpu) {
         int32_t *idx = arena(gx, (size_t)A);
         double tc = now_s();
@@ -2196,11 +2284,22 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
         if ((rc = cpu_experts(gx, il, n, &p, idx, &rows_cpu, err)))
             goto out;
         gx->t_cpu += now_s() - tc;
+        if (tr) {
+            tt[TR_CPU + 1] = now_s();
+            gx->tr_cpu_layers++;
+        }
         if (rows_cpu &&
             ((rc = up(gx, gx->d_cpu, gx->h_cpu, 4 * (size_t)rows_cpu * gx->E, err)) ||
              (rc = up(gx, gx->d_cidx, idx, 4 * (size_t)rows_cpu, err)) ||
              (rc = launch_rows(gx, gx->d_cpu, gx->d_cidx, 1, rows_cpu, io->eout, 1, err))))
             goto out;
+    }
+    if (tr) {
+        tt[TR_UPLOAD + 1] = now_s();
+        for (int i = TR_ENQUEUE; i < TR_N; i++)
+            gx->tr[i] += tt[i + 1] - tt[i];
+        gx->tr_layers++;
+        gx->tr_exit = tt[TR_UPLOAD + 1];
     }
 out:
     strata_ec_release(gx->ec, &p);

@@ -169,7 +169,13 @@ struct strata_ec_cfg {
     int slots;            /* >= 0: exactly this many expert slots (at most every
                              expert), the offload path even when every expert would
                              fit (tests, benchmarks); -1 (default): the memory plan */
-    int no_prefetch;      /* 1: no prediction and prefetch of the next layer's experts */
+    int prefetch;         /* 1: host-planned decode steps predict the next MoE layer's
+                             experts (its router on this layer's input) and copy the
+                             missing ones ahead; 0 (default): the copies would share
+                             PCIe with the demand misses, and on the 12-layer synthetic
+                             Qwen3-30B-A3B with 25% of the experts in VRAM they cost
+                             more than the 37-45% of them later hit saved
+                             (docs/performance.md) */
     int staging;          /* > 0: exactly this many staging buffers (tests: a batch that
                              streams more experts cycles them in rounds); 0: the plan's */
 };

@@ -24,8 +24,8 @@
  * (STRATA_EC_ROUTE=uniform, read by the GPU backend): the logits are then meaningless,
  * but the traffic is that of a model whose routing has no locality at all - the worst
  * case for a cache, and what a per-layer placement (llama.cpp --n-cpu-moe) sees
- * whatever the routing.  Prefetch is off there: it predicts the router's choice, not
- * the random one. */
+ * whatever the routing.  Prefetch (off by default; STRATA_EC_PREFETCH=1) stays off
+ * there: it predicts the router's choice, not the random one. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,7 +47,8 @@ static void sink(int level, const char *msg, void *ud)
     (void)ud;
     if (level <= STRATA_LOG_WARN || getenv("BENCH_VERBOSE") ||
         strstr(msg, "PCIe probe") || strstr(msg, "memory plan: cache") ||
-        strstr(msg, "cannot pin"))
+        strstr(msg, "cannot pin") || strstr(msg, "host-planned decode") ||
+        strstr(msg, "decode steps:"))
         fprintf(stderr, "%s\n", msg);
 }
 
@@ -264,10 +265,7 @@ int main(int argc, char **argv)
                 o.n_prefill = prefill;
                 o.n_threads = n_threads;
                 o.backend_cfg = &cfg;
-                /* uniform: no prefetch, which predicts the router's choice, not the
-                 * random one that replaces it */
-                cfg.no_prefetch = !strcmp(rs, "uniform");
-                if (cfg.no_prefetch)
+                if (!strcmp(rs, "uniform"))
                     setenv("STRATA_EC_ROUTE", "uniform", 1);
                 else
                     unsetenv("STRATA_EC_ROUTE");

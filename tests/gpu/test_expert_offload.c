@@ -169,6 +169,9 @@ static void model_matrix(const char *model, const char *text)
             cfg.pool_workers = fi == 2 ? 3 : 0; /* a pool of its own, or the engine's */
             cfg.adapt_every = bi == 2 ? 4 : 32;
             cfg.stats = 1;
+            /* host-planned steps' prefetch of the next layer's experts (off by
+             * default) at 50% and 10% */
+            cfg.prefetch = bi == 1 || bi == 2;
             loglen = 0;
             logbuf[0] = 0;
             strata_log_set_sink(sink, NULL);
