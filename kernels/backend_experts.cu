@@ -1189,7 +1189,9 @@ static int graph_setup(struct strata_gpu_ec *gx, struct strata_err *err)
 {
     /* graph: every decode step; host: none; auto (default): the faster, measured */
     const char *mode = getenv("STRATA_EC_DECODE");
-    if (mode && strcmp(mode, "host") == 0)
+    /* STRATA_EC_ROUTE=uniform replaces the routed ids on the host, which a graph step
+     * never sees: host-planned steps only */
+    if ((mode && strcmp(mode, "host") == 0) || gx->route_uniform)
         return 0;
     gx->auto_mode = !mode || strcmp(mode, "graph") != 0;
     gx->since = PROBE_EVERY;
