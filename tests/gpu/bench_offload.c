@@ -11,7 +11,8 @@
  * of the routed experts in VRAM slots), pcie_frac and routing: after a 64-token
  * warm-up, each ppP is one prompt of P tokens from an empty kv cache (in chunks of
  * --prefill), and tgT is T decode steps from an empty kv cache (run first), each
- * phase run --reps times in a row (lines tgT#1, tgT#2, ...; new token ids each time),
+ * phase run --reps times in a row (lines tgT#1, tgT#2, ...; new token ids each time;
+ * then their mean and sample standard deviation, as llama-bench reports repetitions),
  * each measured on its own with the expert cache's statistics of that phase: hit rate (distinct experts
  * per batch, and token-expert pairs), bytes that missed the cache per token, bytes
  * copied over PCIe and CPU experts per token, and the floor of the phase - the missed
@@ -26,6 +27,7 @@
  * case for a cache, and what a per-layer placement (llama.cpp --n-cpu-moe) sees
  * whatever the routing.  Prefetch (off by default; STRATA_EC_PREFETCH=1) stays off
  * there: it predicts the router's choice, not the random one. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -288,6 +290,7 @@ int main(int argc, char **argv)
                     rc = strata_engine_eval(e, ids, 64, STRATA_LOGITS_LAST, logits, &err);
                 /* decode first, then the prompts: a phase that fails is reported and the
                  * next configuration runs */
+                double sum = 0, sum2 = 0; /* a phase's tokens/s over its repetitions */
                 for (int q = 0; q < (n_pp + 1) * reps && !rc; q++) {
                     const int p = q / reps - 1, r = q % reps;
                     struct phase ph;
@@ -315,6 +318,15 @@ int main(int argc, char **argv)
                     }
                     phase_stats(e, rec, n, t, pcie_gbs, cpu_gbs, &ph);
                     print_phase(name, &ph);
+                    sum = (r ? sum : 0) + ph.tok_s;
+                    sum2 = (r ? sum2 : 0) + ph.tok_s * ph.tok_s;
+                    if (reps > 1 && r == reps - 1) {
+                        /* the mean and sample standard deviation, as llama-bench reports
+                         * its repetitions */
+                        double m = sum / reps, v = (sum2 - reps * m * m) / (reps - 1);
+                        printf("  %s%d   mean %9.1f tok/s, sd %.1f over %d repetitions\n",
+                               p < 0 ? "tg" : "pp", n, m, v > 0 ? sqrt(v) : 0.0, reps);
+                    }
                     if (file) {
                         double exp_b = 0;
                         for (uint32_t il = 0; il < mm->hp.n_layer; il++)
