@@ -2231,8 +2231,11 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
         (rc = copies_then_compute(gx, err)))
         goto out;
     if (tr) {
+        int copied = 0;
+        for (int i = 0; i < p.n_items; i++)
+            copied |= p.items[i].where == STRATA_EC_FILL || p.items[i].where == STRATA_EC_STREAM;
         tt[TR_PLAN + 1] = now_s();
-        gx->tr_copy_layers += gx->n_pending > 0;
+        gx->tr_copy_layers += copied;
     }
     for (int i = 0; i < p.n_items; i++) {
         const struct strata_ec_item *m = &p.items[i];
