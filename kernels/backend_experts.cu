@@ -387,7 +387,8 @@ struct strata_gpu_ec {
      * on the host, summed over such layers (TR_* phases, seconds; printed at close) */
     int trace;
     double tr[TR_N], tr_exit;
-    uint64_t tr_layers, tr_cpu_layers, tr_copy_layers;
+    uint64_t tr_layers, tr_cpu_layers, tr_copy_layers, tr_caller_n;
+    double tr_caller_s; /* the caller's launches, over the tr_caller_n layers after another */
     uint64_t bytes_copied, n_copies, n_cpu_experts, n_batches;
 };
 
@@ -709,8 +710,9 @@ out:
 
 /* GB/s of expert weights one decode token's CPU expert goes through (the first MoE
  * layer's expert 0, the best of 3 runs after a warm one); -1 when it cannot run.
- * cold (STRATA_EC_CPU_PROBE=cold, a measurement switch): experts 1 .. 23 of that layer
- * once each after expert 0, so each is read from memory as in decode. */
+ * cold (STRATA_EC_CPU_PROBE=cold, a measurement switch): the mean over experts 1 ..
+ * min(n_expert, PROBE_CPU_EXPERTS) - 1 of that layer, each run once after expert 0, so
+ * each is read from memory as in decode (expert 0 alone when the layer has one). */
 #define PROBE_CPU_EXPERTS 24
 static double cpu_expert_rate(struct strata_gpu_ec *gx, int cold)
 {
@@ -741,15 +743,15 @@ static double cpu_expert_rate(struct strata_gpu_ec *gx, int cold)
             wg.data = host_part(gx, il, r, 0);
             wu.data = host_part(gx, il, r, 1);
             wd.data = host_part(gx, il, r, 2);
-            if (r == 1)
+            if (r == (ne > 1 ? 1 : 0))
                 t1 = now_s();
         }
         double t0 = now_s();
         if (strata_xcpu_ffn(gx->pool, &wg, &wu, &wd, 1, gx->q8_ffn[il], x, 1, y, work, &err))
             break;
         double dt = now_s() - t0;
-        if (cold && r == ne - 1 && r > 0)
-            best = (now_s() - t1) / (ne - 1); /* a mean, not a best */
+        if (cold && r == ne - 1)
+            best = (now_s() - t1) / (ne > 1 ? ne - 1 : 1); /* a mean, not a best */
         else if (!cold && r > 0 && (best < 0 || dt < best))
             best = dt;
     }
@@ -769,8 +771,9 @@ static void trace_flush(struct strata_gpu_ec *gx)
     int o;
     if (!gx->trace || !gx->tr_layers)
         return;
+    gx->tr[TR_CALLER] = gx->tr_caller_n ? gx->tr_caller_s / gx->tr_caller_n * gx->tr_layers : 0;
     o = snprintf(line, sizeof line, "host-planned decode, per MoE layer (%llu layers; %llu "
-                 "with copies, %llu with CPU experts; pcie_frac %.2f), us:",
+                 "with demand copies, %llu with CPU experts; pcie_frac %.2f), us:",
                  (unsigned long long)gx->tr_layers, (unsigned long long)gx->tr_copy_layers,
                  (unsigned long long)gx->tr_cpu_layers, gx->frac_decode);
     for (int i = 0; i < TR_N && o > 0 && (size_t)o < sizeof line; i++)
@@ -778,7 +781,8 @@ static void trace_flush(struct strata_gpu_ec *gx)
                       tr_name[i], gx->tr[i] / (double)gx->tr_layers * 1e6);
     strata_log_info("%s", line);
     memset(gx->tr, 0, sizeof gx->tr);
-    gx->tr_layers = gx->tr_copy_layers = gx->tr_cpu_layers = 0;
+    gx->tr_layers = gx->tr_copy_layers = gx->tr_cpu_layers = gx->tr_caller_n = 0;
+    gx->tr_caller_s = 0;
     gx->tr_exit = 0;
 }
 
@@ -791,8 +795,8 @@ void strata_gpu_ec_times(struct strata_gpu_ec *gx, int reset, struct strata_ec_t
          cudaMemcpy(pf, gx->d_pf_cnt + 2, sizeof pf, cudaMemcpyDeviceToHost) != cudaSuccess ||
          (reset && cudaMemset(gx->d_pf_cnt + 2, 0, sizeof pf) != cudaSuccess)))
         (void)cudaGetLastError(); /* statistics only */
+    trace_flush(gx); /* the trace of what these statistics cover */
     if (reset) {
-        trace_flush(gx);
         gx->t_moe = gx->t_fwd_sync = gx->t_copy_wait = gx->t_cpu = 0;
         gx->bytes_copied = gx->n_copies = gx->n_cpu_experts = 0;
         gx->graph_steps = gx->zc_bytes = 0;
@@ -1216,6 +1220,8 @@ static int graph_setup(struct strata_gpu_ec *gx, struct strata_err *err)
     const char *mode = getenv("STRATA_EC_DECODE");
     /* STRATA_EC_ROUTE=uniform replaces the routed ids on the host, which a graph step
      * never sees: host-planned steps only */
+    if (gx->route_uniform)
+        strata_log_info("STRATA_EC_ROUTE=uniform: host-planned decode steps only");
     if ((mode && strcmp(mode, "host") == 0) || gx->route_uniform)
         return 0;
     gx->auto_mode = !mode || strcmp(mode, "graph") != 0;
@@ -1609,9 +1615,9 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
             const char *cp = getenv("STRATA_EC_CPU_PROBE");
             const int cold = cp && !strcmp(cp, "cold");
             double xr = cpu_expert_rate(gx, cold);
-            /* cold: the experts' own rate from memory, without the memory probe (which
-             * moved between 40 and 93 GB/s from one start to the next on the H200's
-             * host while the CPU experts ran at 44-76 GB/s in decode) */
+            /* cold: the experts' own rate from memory; the memory probe (which moved
+             * between 40 and 93 GB/s from one start to the next on the H200's host while
+             * the CPU experts ran at 44-76 GB/s in decode) is still logged, not used */
             double cpu = xr > 0 && (cold || mem <= 0 || xr < mem) ? xr : mem;
             frac = strata_probe_pcie_frac(pcie, cpu);
             if (frac < 0)
@@ -1640,10 +1646,13 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
          * prefetch); STRATA_EC_NO_PREFETCH_EVICT=1: prefetches take free slots only */
         if (env_on("STRATA_EC_NO_PREFETCH_EVICT"))
             eo.prefetch_evict = 0;
-        if (env_on("STRATA_EC_PREFETCH"))
-            gx->cfg.prefetch = 1;
-        if (gx->route_uniform)
-            gx->cfg.prefetch = 0; /* it predicts the router's choice, not the random one */
+        if (getenv("STRATA_EC_PREFETCH"))
+            gx->cfg.prefetch = env_on("STRATA_EC_PREFETCH");
+        if (gx->route_uniform && gx->cfg.prefetch) {
+            /* it predicts the router's choice, not the random one */
+            gx->cfg.prefetch = 0;
+            strata_log_info("STRATA_EC_ROUTE=uniform: no prefetch");
+        }
         if (in->pack && strata_pack_dir(in->pack)) {
             if ((rc = strata_ec_profile_find(&prof, strata_pack_dir(in->pack), gx->L, gx->X,
                                              &found, err)))
@@ -2167,11 +2176,13 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
     gx->arena_used = 0;
     gx->n_batches++;
     const int tr = gx->trace && n == 1;
-    double tt[TR_N + 1];
+    double tt[TR_N + 1] = {0};
+    int tr_copied = 0, tr_cpu = 0; /* this layer's demand misses went over PCIe, to the CPU */
     if (tr) {
+        tt[TR_CALLER] = -1;
         tt[TR_ENQUEUE] = t_in;
         if (gx->tr_exit > 0 && il != gx->first_moe)
-            gx->tr[TR_CALLER] += t_in - gx->tr_exit;
+            tt[TR_CALLER] = t_in - gx->tr_exit;
     }
     if (prefetch) {
         /* the next layer's router on this layer's input: its likely experts */
@@ -2231,11 +2242,10 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
         (rc = copies_then_compute(gx, err)))
         goto out;
     if (tr) {
-        int copied = 0;
         for (int i = 0; i < p.n_items; i++)
-            copied |= p.items[i].where == STRATA_EC_FILL || p.items[i].where == STRATA_EC_STREAM;
+            tr_copied |= p.items[i].where == STRATA_EC_FILL ||
+                         p.items[i].where == STRATA_EC_STREAM;
         tt[TR_PLAN + 1] = now_s();
-        gx->tr_copy_layers += copied;
     }
     for (int i = 0; i < p.n_items; i++) {
         const struct strata_ec_item *m = &p.items[i];
@@ -2321,7 +2331,7 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
         gx->t_cpu += now_s() - tc;
         if (tr) {
             tt[TR_CPU + 1] = now_s();
-            gx->tr_cpu_layers++;
+            tr_cpu = 1;
         }
         if (rows_cpu &&
             ((rc = up(gx, gx->d_cpu, gx->h_cpu, 4 * (size_t)rows_cpu * gx->E, err)) ||
@@ -2333,7 +2343,13 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
         tt[TR_UPLOAD + 1] = now_s();
         for (int i = TR_ENQUEUE; i < TR_N; i++)
             gx->tr[i] += tt[i + 1] - tt[i];
+        if (tt[TR_CALLER] >= 0) {
+            gx->tr_caller_s += tt[TR_CALLER];
+            gx->tr_caller_n++;
+        }
         gx->tr_layers++;
+        gx->tr_copy_layers += tr_copied;
+        gx->tr_cpu_layers += tr_cpu;
         gx->tr_exit = tt[TR_UPLOAD + 1];
     }
 out:
