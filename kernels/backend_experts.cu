@@ -664,8 +664,9 @@ static void collect_wait(struct strata_gpu_ec *gx)
 /* ---- PCIe probe ---- */
 
 /* GB/s host to device of copies as copy_expert makes them: one expert's gate, up
- * and down matrices (the first MoE layer's sizes) as three copies, PROBE_COPIES
- * experts after a warm one, from pinned memory.  An expert of the 12-layer synthetic
+ * and down matrices (the first MoE layer's sizes) as three copies (one, through a
+ * bounce buffer, when the experts could not be pinned), PROBE_COPIES experts after a
+ * warm one, from pinned memory.  An expert of the 12-layer synthetic
  * Qwen3-30B-A3B Q4_K_M copies as three parts of 0.8-1.1 MB: 42-46 GB/s on the H200,
  * against 53-55 for the 64 MB copies this probe made before, so the split of the
  * misses follows the rate they get. */
@@ -673,8 +674,9 @@ static void collect_wait(struct strata_gpu_ec *gx)
 static double probe_h2d(struct strata_gpu_ec *gx)
 {
     const int il = gx->first_moe >= 0 ? gx->first_moe : 0;
-    const size_t len[3] = {gx->bg[il], gx->bu[il], gx->bd[il]};
-    const size_t n = len[0] + len[1] + len[2];
+    const size_t n = gx->bg[il] + gx->bu[il] + gx->bd[il];
+    const size_t len[3] = {gx->registered ? gx->bg[il] : n, gx->registered ? gx->bu[il] : 0,
+                           gx->registered ? gx->bd[il] : 0};
     void *h = NULL, *d = NULL;
     cudaEvent_t a = NULL, b = NULL;
     double gbs = -1;
@@ -687,7 +689,8 @@ static double probe_h2d(struct strata_gpu_ec *gx)
         if (i == 1 && cudaEventRecord(a, gx->copy) != cudaSuccess)
             goto out;
         for (size_t p = 0, off = 0; p < 3; off += len[p++])
-            if (cudaMemcpyAsync((char *)d + off, (char *)h + off, len[p],
+            if (len[p] &&
+                cudaMemcpyAsync((char *)d + off, (char *)h + off, len[p],
                                 cudaMemcpyHostToDevice, gx->copy) != cudaSuccess)
                 goto out;
     }
