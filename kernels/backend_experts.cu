@@ -387,8 +387,8 @@ struct strata_gpu_ec {
      * on the host, summed over such layers (TR_* phases, seconds; printed at close) */
     int trace;
     double tr[TR_N], tr_exit;
-    uint64_t tr_layers, tr_cpu_layers, tr_copy_layers, tr_caller_n;
-    double tr_caller_s; /* the caller's launches, over the tr_caller_n layers after another */
+    uint64_t tr_layers, tr_cpu_layers, tr_copy_layers;
+    uint64_t tr_caller_n; /* layers with a TR_CALLER phase: those after another MoE layer */
     uint64_t bytes_copied, n_copies, n_cpu_experts, n_batches;
 };
 
@@ -397,13 +397,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* A switch of the environment: set to anything but "" or "0". */
-static int env_on(const char *name)
-{
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
 }
 
 static int call(struct strata_gpu_ec *gx, cudaError_t e, const char *what, struct strata_err *err)
@@ -774,18 +767,19 @@ static void trace_flush(struct strata_gpu_ec *gx)
     int o;
     if (!gx->trace || !gx->tr_layers)
         return;
-    gx->tr[TR_CALLER] = gx->tr_caller_n ? gx->tr_caller_s / gx->tr_caller_n * gx->tr_layers : 0;
     o = snprintf(line, sizeof line, "host-planned decode, per MoE layer (%llu layers; %llu "
                  "with demand copies, %llu with CPU experts; pcie_frac %.2f), us:",
                  (unsigned long long)gx->tr_layers, (unsigned long long)gx->tr_copy_layers,
                  (unsigned long long)gx->tr_cpu_layers, gx->frac_decode);
     for (int i = 0; i < TR_N && o > 0 && (size_t)o < sizeof line; i++)
         o += snprintf(line + o, sizeof line - (size_t)o, "%s %s %.1f", i ? "," : "",
-                      tr_name[i], gx->tr[i] / (double)gx->tr_layers * 1e6);
+                      tr_name[i],
+                      gx->tr[i] * 1e6 /
+                          (double)(i != TR_CALLER ? gx->tr_layers
+                                                  : gx->tr_caller_n ? gx->tr_caller_n : 1));
     strata_log_info("%s", line);
     memset(gx->tr, 0, sizeof gx->tr);
     gx->tr_layers = gx->tr_copy_layers = gx->tr_cpu_layers = gx->tr_caller_n = 0;
-    gx->tr_caller_s = 0;
     gx->tr_exit = 0;
 }
 
@@ -1589,7 +1583,7 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
         (rc = call(gx, cudaEventCreate(&gx->ev_w0), "cudaEventCreate", err)) ||
         (rc = call(gx, cudaEventCreate(&gx->ev_w1), "cudaEventCreate", err)))
         goto out;
-    gx->trace = env_on("STRATA_EC_TRACE");
+    gx->trace = strata_k_env_on("STRATA_EC_TRACE");
     {
         uint64_t pinned = 0;
         double t0 = now_s();
@@ -1647,10 +1641,10 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
         eo.pcie_frac = gx->frac_decode;
         /* STRATA_EC_PREFETCH=1: host-planned decode steps prefetch (strata_ec_cfg
          * prefetch); STRATA_EC_NO_PREFETCH_EVICT=1: prefetches take free slots only */
-        if (env_on("STRATA_EC_NO_PREFETCH_EVICT"))
+        if (strata_k_env_on("STRATA_EC_NO_PREFETCH_EVICT"))
             eo.prefetch_evict = 0;
         if (getenv("STRATA_EC_PREFETCH"))
-            gx->cfg.prefetch = env_on("STRATA_EC_PREFETCH");
+            gx->cfg.prefetch = strata_k_env_on("STRATA_EC_PREFETCH");
         if (gx->route_uniform && gx->cfg.prefetch) {
             /* it predicts the router's choice, not the random one */
             gx->cfg.prefetch = 0;
@@ -2125,43 +2119,10 @@ static int op_cpu(void *ctx, int il, int ie, int n_tok, struct strata_err *err)
     return 0;
 }
 
-/* Copies of MoE layer nx's likely experts (the router's logits in h_rnext) into the
- * slots strata_ec_prefetch picks. */
-static int prefetch_next(struct strata_gpu_ec *gx, int nx, struct strata_err *err)
-{
-    int32_t cand[64], ie[64], slot[64];
-    int rc = 0;
-    int nc = strata_ec_predict(gx->h_rnext, gx->X, gx->K < 64 ? gx->K : 64, cand);
-    int np = strata_ec_prefetch(gx->ec, nx, cand, nc, ie, slot);
-    for (int i = 0; i < np && !rc; i++)
-        rc = fill_slot(gx, nx, ie[i], slot[i], err);
-    if (!rc && np)
-        rc = call(gx, cudaEventRecord(gx->ev_copy, gx->copy), "cudaEventRecord", err);
-    return rc;
-}
-
-/* The routed ids (and the CPU experts' inputs) to the host, on the compute stream. */
-static int ids_back(struct strata_gpu_ec *gx, const struct strata_gpu_ec_io *io, int n,
-                    struct strata_err *err)
-{
-    cudaStream_t st = gx->ctx->stream;
-    int rc;
-    if ((rc = call(gx, cudaMemcpyAsync(gx->h_ids, io->eids, 4 * (size_t)n * gx->K,
-                                       cudaMemcpyDeviceToHost, st), "copy of the routed ids",
-                   err)))
-        return rc;
-    if (gx->cpu_possible && n <= gx->mv_max &&
-        (rc = call(gx, cudaMemcpyAsync(gx->h_xn, io->xn, 4 * (size_t)n * gx->E,
-                                       cudaMemcpyDeviceToHost, st),
-                   "copy of the expert inputs", err)))
-        return rc;
-    return 0;
-}
-
 int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct strata_gpu_ec_io *io,
                       int *done, struct strata_err *err)
 {
-    const int A = n * gx->K;
+    const int A = n * gx->K, K = gx->K;
     cudaStream_t st = gx->ctx->stream;
     struct strata_ec_plan p;
     int rc = 0, nx = gx->next_moe[il], rows_cpu = 0, n_rounds = 1;
@@ -2179,14 +2140,10 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
     gx->arena_used = 0;
     gx->n_batches++;
     const int tr = gx->trace && n == 1;
-    double tt[TR_N + 1] = {0};
+    double tt[TR_N + 1] = {0};     /* phase i runs from tt[i] to tt[i + 1] */
     int tr_copied = 0, tr_cpu = 0; /* this layer's demand misses went over PCIe, to the CPU */
-    if (tr) {
-        tt[TR_CALLER] = -1;
-        tt[TR_ENQUEUE] = t_in;
-        if (gx->tr_exit > 0 && il != gx->first_moe)
-            tt[TR_CALLER] = t_in - gx->tr_exit;
-    }
+    const int tr_caller = tr && gx->tr_exit > 0 && il != gx->first_moe;
+    tt[TR_ENQUEUE] = t_in;
     if (prefetch) {
         /* the next layer's router on this layer's input: its likely experts */
         struct strata_k_mv_args a;
@@ -2204,7 +2161,13 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
                        err)))
             return rc;
     }
-    if ((rc = ids_back(gx, io, n, err)))
+    if ((rc = call(gx, cudaMemcpyAsync(gx->h_ids, io->eids, 4 * (size_t)A, cudaMemcpyDeviceToHost,
+                                       st), "copy of the routed ids", err)))
+        return rc;
+    if (gx->cpu_possible && n <= gx->mv_max &&
+        (rc = call(gx, cudaMemcpyAsync(gx->h_xn, io->xn, 4 * (size_t)n * gx->E,
+                                       cudaMemcpyDeviceToHost, st),
+                   "copy of the expert inputs", err)))
         return rc;
     double t0 = now_s();
     if ((rc = call(gx, cudaStreamSynchronize(st), "forward pass before the routed experts "
@@ -2315,8 +2278,17 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
     }
     if (rc)
         goto out;
-    if (prefetch && (rc = prefetch_next(gx, nx, err)))
-        goto out;
+    if (prefetch) {
+        int32_t cand[64], ie[64], slot[64];
+        int nc = strata_ec_predict(gx->h_rnext, gx->X, K < 64 ? K : 64, cand);
+        int np = strata_ec_prefetch(gx->ec, nx, cand, nc, ie, slot);
+        for (int i = 0; i < np && !rc; i++)
+            rc = fill_slot(gx, nx, ie[i], slot[i], err);
+        if (!rc && np)
+            rc = call(gx, cudaEventRecord(gx->ev_copy, gx->copy), "cudaEventRecord", err);
+        if (rc)
+            goto out;
+    }
     if (no_admit)
         gx->boost = 1; /* the next mat-vec batch's re-balance takes the chunk's experts */
     if (tr)
@@ -2346,8 +2318,8 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
         tt[TR_UPLOAD + 1] = now_s();
         for (int i = TR_ENQUEUE; i < TR_N; i++)
             gx->tr[i] += tt[i + 1] - tt[i];
-        if (tt[TR_CALLER] >= 0) {
-            gx->tr_caller_s += tt[TR_CALLER];
+        if (tr_caller) {
+            gx->tr[TR_CALLER] += t_in - gx->tr_exit;
             gx->tr_caller_n++;
         }
         gx->tr_layers++;
