@@ -102,7 +102,7 @@ for w in $what; do
             echo "== bench_offload ${e#-}" | tee -a "$out/offmem.log"
             ( [ "$e" != - ] && for v in ${e//,/ }; do export "$v"; done
               timeout 300 stdbuf -oL "$d/bench_offload" --budget ${BUDGETS:-25,50} \
-                  --route model --pcie-frac ${FRACS:-1,auto} --pp ${PP:-2048} --tg 128 \
+                  --route ${ROUTE:-model} --pcie-frac ${FRACS:-1,auto} --pp ${PP:-2048} --tg 128 \
                   ${OFFARGS:-} ) 2>&1 |
                 tee -a "$out/offmem.log"
         done ;;
