@@ -1734,7 +1734,6 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
                       err);
     else
         rc = launch_forward(s, n, b->embd != NULL, want, all, s->n_ctx, err);
-    strata_gpu_ec_settle(s->xc); /* after an error between two MoE layers */
     if (!rc && tab_step)
         rc = strata_gpu_ec_graph_end(s->xc, err);
     if (rc) {

@@ -301,23 +301,6 @@ struct strata_gpu_ec {
     /* CPU experts */
     int cpu_possible;           /* pcie_frac < 1 (or auto) */
     int route_uniform;          /* STRATA_EC_ROUTE=uniform (benchmarks) */
-    /* deferred CPU experts (STRATA_EC_DEFER): a one-token layer's CPU experts run on the
-     * pool's workers while this thread returns and the caller queues the next layer; the
-     * stream waits for *h_flag == flag_seq before their results go up, and the next layer
-     * (or strata_gpu_ec_settle) joins the workers and writes it */
-    int defer;
-    /* armed once a whole host-planned decode step with CPU experts ran undeferred: every
-     * kernel such a step launches is then loaded.  Under CUDA's lazy loading the first
-     * launch of a kernel waits for the context to be idle - behind a stream waiting for
-     * the host it would wait forever (it did: the CPU rows' first launch, H200, CUDA 13) */
-    int defer_armed, defer_seen;
-    uint32_t *h_flag, flag_seq;
-    void *d_flag;
-    int32_t *h_cidx;       /* [A of a mat-vec batch] where its rows go, read in place */
-    void *m_cpu, *m_cidx;  /* device addresses of h_cpu and h_cidx (mapped) */
-    struct strata_xcpu_async *pend;
-    double pend_prep;        /* seconds its layer took to prepare and start it */
-    double cpu_last;         /* now_s when CPU experts last ran (the pool is awake after) */
     uint64_t rng;
     int frac_auto;
     double frac_decode;
@@ -794,28 +777,6 @@ static double cpu_expert_rate(struct strata_gpu_ec *gx, int cold, double mem_gbs
 
 /* STRATA_EC_TRACE=1: log the host-planned decode layers' phases since the last
  * flush, and start again. */
-/* How recently CPU experts must have run for the next to be deferred: the pool's workers
- * spin 20,000 pauses after a job, 0.1-1 ms, before they sleep (lib/pool.c). */
-#define DEFER_AWAKE_S 300e-6
-
-/* Join the deferred CPU experts, if any, and release the stream that waits for them. */
-static void settle(struct strata_gpu_ec *gx)
-{
-    if (!gx->pend)
-        return;
-    /* the CPU experts' own time (the caller's launches ran beside it) */
-    gx->t_cpu += strata_xcpu_ffn_finish(gx->pend) + gx->pend_prep;
-    gx->pend = NULL;
-    gx->cpu_last = now_s();
-    __atomic_store_n(gx->h_flag, gx->flag_seq, __ATOMIC_SEQ_CST);
-}
-
-void strata_gpu_ec_settle(struct strata_gpu_ec *gx)
-{
-    if (gx)
-        settle(gx);
-}
-
 static void trace_flush(struct strata_gpu_ec *gx)
 {
     char line[512];
@@ -897,9 +858,7 @@ static void print_stats(struct strata_gpu_ec *gx)
             gx->n_cpu_experts / tok);
     fprintf(f, "expert time: MoE layers %.3f s = GPU %.3f s (of which waiting for copies "
             "%.3f s) + CPU experts %.3f s + host %.3f s\n", gx->t_moe, gx->t_fwd_sync,
-            gx->t_copy_wait, gx->t_cpu,
-            /* deferred CPU experts ran beside the caller's launches, outside the layers */
-            fmax(0.0, gx->t_moe - gx->t_fwd_sync - gx->t_cpu));
+            gx->t_copy_wait, gx->t_cpu, gx->t_moe - gx->t_fwd_sync - gx->t_cpu);
     if (gx->graph_mode) {
         struct strata_ec_times t;
         memset(&t, 0, sizeof t);
@@ -922,7 +881,6 @@ void strata_gpu_ec_free(struct strata_gpu_ec *gx)
 {
     if (!gx)
         return;
-    settle(gx);
     if (gx->copy)
         (void)cudaStreamSynchronize(gx->copy);
     if (gx->pf_stream)
@@ -953,7 +911,7 @@ void strata_gpu_ec_free(struct strata_gpu_ec *gx)
     free(gx->tab_new);
     free(gx->gslots);
     void *hp[] = {gx->h_ids, gx->h_arena, gx->h_xn, gx->h_cpu, gx->h_rnext, gx->h_tab,
-                  gx->h_hist, gx->h_flag, gx->h_cidx};
+                  gx->h_hist};
     for (size_t i = 0; i < sizeof hp / sizeof hp[0]; i++)
         if (hp[i])
             (void)cudaFreeHost(hp[i]);
@@ -1552,9 +1510,6 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
     {
         const char *rt = getenv("STRATA_EC_ROUTE");
         gx->route_uniform = rt && !strcmp(rt, "uniform");
-        /* a stream waiting on the host cannot be synchronised after every launch */
-        gx->defer = !gx->ctx->sync_debug &&
-                    (!getenv("STRATA_EC_DEFER") || strata_k_env_on("STRATA_EC_DEFER"));
         gx->rng = 0x9e3779b97f4a7c15ull;
         if (gx->route_uniform)
             strata_log_warn("STRATA_EC_ROUTE=uniform: routed experts are drawn at random "
@@ -1786,23 +1741,6 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
                 (rc = dev_alloc(gx, (void **)&gx->d_cpu, 4 * Ac * gx->E, "CPU expert outputs",
                                 err)))
                 goto out;
-            /* after the stream's wait for the flag, the kernel reads the CPU experts'
-             * rows and their places in place: a copy queued behind the wait stalled the
-             * host in cudaMemcpyAsync (H200, CUDA 13) */
-            if (gx->defer &&
-                (host_alloc((void **)&gx->h_flag, 64, "a stream flag", err) ||
-                 host_alloc((void **)&gx->h_cidx, 4 * Ac, "CPU expert rows", err) ||
-                 cudaHostGetDevicePointer(&gx->d_flag, gx->h_flag, 0) != cudaSuccess ||
-                 cudaHostGetDevicePointer(&gx->m_cpu, gx->h_cpu, 0) != cudaSuccess ||
-                 cudaHostGetDevicePointer(&gx->m_cidx, gx->h_cidx, 0) != cudaSuccess)) {
-                (void)cudaGetLastError();
-                strata_log_info("expert cache: no pinned flag for deferred CPU experts (%s)",
-                                err->msg);
-                err->code = 0;
-                gx->defer = 0;
-            }
-            if (gx->h_flag)
-                *gx->h_flag = 0;
         }
     }
     {
@@ -2098,74 +2036,13 @@ static int run_round(struct strata_gpu_ec *gx, int il, int n, const struct strat
     return 0;
 }
 
-/* The GPU side of a layer's plan: per round, the copies into staging records that are
- * free by then and the kernels on the hits, fills and staged experts (buf_of, round_of);
- * then the next layer's prefetch (predicted from h_rnext) where asked. */
-static int gpu_launches(struct strata_gpu_ec *gx, int il, int n, const struct strata_gpu_ec_io *io,
-                        const struct strata_ec_plan *p, int n_rounds, int prefetch,
-                        struct strata_err *err)
-{
-    const int A = n * gx->K, K = gx->K, nx = gx->next_moe[il];
-    cudaStream_t st = gx->ctx->stream;
-    int rc = 0;
-    for (int r = 0; r < n_rounds && !rc; r++) {
-        /* the copies of round c: into staging records the kernels of round c - 2
-         * (two halves) or c - 1 (one) read, so after those */
-        const int c = gx->stage_db ? r + 1 : r, lag = gx->stage_db ? 2 : 1;
-        if (r > 0 && gx->stage_db)
-            rc = copies_then_compute(gx, err); /* round r's, issued one round ago */
-        if (!rc && c > 0 && c < n_rounds) {
-            if (c - lag >= 0)
-                rc = call(gx, cudaStreamWaitEvent(gx->copy, gx->ev_round[(c - lag) % 2], 0),
-                          "cudaStreamWaitEvent", err);
-            for (int i = 0; i < p->n_items && !rc; i++) {
-                const struct strata_ec_item *m = &p->items[i];
-                if (m->where == STRATA_EC_STREAM && m->slot / gx->round == c)
-                    rc = copy_expert(gx, il, m->expert, gx->buf_of[m->expert], err);
-            }
-            if (!rc && !gx->stage_db)
-                rc = copies_then_compute(gx, err);
-        }
-        if (rc)
-            break;
-        int32_t *list = gx->list, *bufs = gx->bufs;
-        int m = 0;
-        for (int a = 0; a < A; a++) {
-            int e = gx->h_ids[a];
-            if (gx->round_of[e] == r && gx->buf_of[e] >= 0) {
-                list[m] = a;
-                bufs[m] = gx->buf_of[e];
-                m++;
-            }
-        }
-        rc = run_round(gx, il, n, io, list, bufs, m, n_rounds == 1, err);
-        /* the staging records of this round are free once its kernels ran */
-        if (!rc && r + lag < n_rounds)
-            rc = call(gx, cudaEventRecord(gx->ev_round[r % 2], st), "cudaEventRecord", err);
-    }
-    if (rc)
-        return rc;
-    if (prefetch) {
-        int32_t cand[64], ie[64], slot[64];
-        int nc = strata_ec_predict(gx->h_rnext, gx->X, K < 64 ? K : 64, cand);
-        int np = strata_ec_prefetch(gx->ec, nx, cand, nc, ie, slot);
-        for (int i = 0; i < np && !rc; i++)
-            rc = fill_slot(gx, nx, ie[i], slot[i], err);
-        if (!rc && np)
-            rc = call(gx, cudaEventRecord(gx->ev_copy, gx->copy), "cudaEventRecord", err);
-    }
-    return rc;
-}
-
 /* The CPU experts of a plan, one after the other, each matrix spread over the pool:
- * rows of h_cpu in plan order, their assignments in idx.  With async, the last group is
- * left running on the pool's workers (*async, for strata_xcpu_ffn_finish).  Each expert follows the
+ * rows of h_cpu in plan order, their assignments in idx.  Each expert follows the
  * numerics of the GPU kernels this batch would have run (lib/expert_cpu.h): 8-bit
  * activations in blocks of 32 for a mat-vec batch on the 8-bit kernels, float for
  * other mat-vec batches, f16 operands for mat-mat batches. */
 static int cpu_experts(struct strata_gpu_ec *gx, int il, int n, const struct strata_ec_plan *p,
-                       int32_t *idx, int *rows, struct strata_xcpu_async **async,
-                       struct strata_err *err)
+                       int32_t *idx, int *rows, struct strata_err *err)
 {
     const struct strata_layer *L = &gx->m->layers[il];
     const int A = n * gx->K, E = gx->E;
@@ -2180,12 +2057,8 @@ static int cpu_experts(struct strata_gpu_ec *gx, int il, int n, const struct str
         for (int a = 0; m && a < A; a++)
             cnt += gx->h_ids[a] == m->expert;
         if (n_ex && (!m || gr + cnt > gx->cpu_tok)) {
-            if (async && !m) /* the last group: started, not run */
-                rc = strata_xcpu_ffn_start(gx->pool, ex, n_ex, n <= gx->mv_max, gx->q8_ffn[il],
-                                           gx->cwork, async, err);
-            else
-                rc = strata_xcpu_ffn_batch(gx->pool, ex, n_ex, n <= gx->mv_max,
-                                           gx->q8_ffn[il], gx->cwork, err);
+            rc = strata_xcpu_ffn_batch(gx->pool, ex, n_ex, n <= gx->mv_max, gx->q8_ffn[il],
+                                       gx->cwork, err);
             n_ex = 0;
             gr = 0;
         }
@@ -2266,7 +2139,7 @@ static int op_cpu(void *ctx, int il, int ie, int n_tok, struct strata_err *err)
 int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct strata_gpu_ec_io *io,
                       int *done, struct strata_err *err)
 {
-    const int A = n * gx->K;
+    const int A = n * gx->K, K = gx->K;
     cudaStream_t st = gx->ctx->stream;
     struct strata_ec_plan p;
     int rc = 0, nx = gx->next_moe[il], rows_cpu = 0, n_rounds = 1;
@@ -2313,9 +2186,6 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
                                        cudaMemcpyDeviceToHost, st),
                    "copy of the expert inputs", err)))
         return rc;
-    settle(gx); /* the layer before's CPU experts, which the stream waits for */
-    if (il == gx->first_moe && n == 1 && gx->defer_seen)
-        gx->defer_armed = gx->defer; /* a whole step with CPU experts came before */
     double t0 = now_s();
     if ((rc = call(gx, cudaStreamSynchronize(st), "forward pass before the routed experts "
                                                   "(asynchronous error)", err)))
@@ -2388,8 +2258,54 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
         *done = 0;
         n_rounds = 0;
     }
-    if ((rc = gpu_launches(gx, il, n, io, &p, n_rounds, prefetch, err)))
+    for (int r = 0; r < n_rounds && !rc; r++) {
+        /* the copies of round c: into staging records the kernels of round c - 2
+         * (two halves) or c - 1 (one) read, so after those */
+        const int c = gx->stage_db ? r + 1 : r, lag = gx->stage_db ? 2 : 1;
+        if (r > 0 && gx->stage_db)
+            rc = copies_then_compute(gx, err); /* round r's, issued one round ago */
+        if (!rc && c > 0 && c < n_rounds) {
+            if (c - lag >= 0)
+                rc = call(gx, cudaStreamWaitEvent(gx->copy, gx->ev_round[(c - lag) % 2], 0),
+                          "cudaStreamWaitEvent", err);
+            for (int i = 0; i < p.n_items && !rc; i++) {
+                const struct strata_ec_item *m = &p.items[i];
+                if (m->where == STRATA_EC_STREAM && m->slot / gx->round == c)
+                    rc = copy_expert(gx, il, m->expert, gx->buf_of[m->expert], err);
+            }
+            if (!rc && !gx->stage_db)
+                rc = copies_then_compute(gx, err);
+        }
+        if (rc)
+            break;
+        int32_t *list = gx->list, *bufs = gx->bufs;
+        int m = 0;
+        for (int a = 0; a < A; a++) {
+            int e = gx->h_ids[a];
+            if (gx->round_of[e] == r && gx->buf_of[e] >= 0) {
+                list[m] = a;
+                bufs[m] = gx->buf_of[e];
+                m++;
+            }
+        }
+        rc = run_round(gx, il, n, io, list, bufs, m, n_rounds == 1, err);
+        /* the staging records of this round are free once its kernels ran */
+        if (!rc && r + lag < n_rounds)
+            rc = call(gx, cudaEventRecord(gx->ev_round[r % 2], st), "cudaEventRecord", err);
+    }
+    if (rc)
         goto out;
+    if (prefetch) {
+        int32_t cand[64], ie[64], slot[64];
+        int nc = strata_ec_predict(gx->h_rnext, gx->X, K < 64 ? K : 64, cand);
+        int np = strata_ec_prefetch(gx->ec, nx, cand, nc, ie, slot);
+        for (int i = 0; i < np && !rc; i++)
+            rc = fill_slot(gx, nx, ie[i], slot[i], err);
+        if (!rc && np)
+            rc = call(gx, cudaEventRecord(gx->ev_copy, gx->copy), "cudaEventRecord", err);
+        if (rc)
+            goto out;
+    }
     if (no_admit)
         gx->boost = 1; /* the next mat-vec batch's re-balance takes the chunk's experts */
     if (tr)
@@ -2402,49 +2318,14 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
                               "(%d at most)%s", n, gx->cpu_tok, idx ? "" : ", arena too small");
             goto out;
         }
-        /* deferred: a one-token layer with a MoE layer after it in this forward pass (so
-         * nothing is left running when the pass ends) */
-        struct strata_xcpu_async *pend = NULL;
-        /* and with the pool's workers awake: they spin a while after a job, then sleep
-         * (lib/pool.c), and woken they would start late while this thread is away - at
-         * 50% of the experts, where most steps are graphs and a host-planned one comes
-         * now and then, such layers measured 2 GB/s of CPU experts deferred against 38 */
-        const int defer = gx->defer_armed && n == 1 && nx >= 0 &&
-                          tc - gx->cpu_last < DEFER_AWAKE_S;
-        rc = cpu_experts(gx, il, n, &p, idx, &rows_cpu, defer ? &pend : NULL, err);
-        gx->defer_seen |= n == 1 && gx->defer && !defer && !rc;
-        if (defer && !rc && pend) {
-            if (!strata_k_stream_wait_value(st, gx->d_flag, gx->flag_seq + 1)) {
-                gx->flag_seq++;
-                gx->pend = pend; /* the next layer's settle() joins it */
-                pend = NULL;
-            } else {
-                strata_log_info("expert cache: the stream cannot wait for a host value; "
-                                "CPU experts run before their results go up");
-                gx->defer = gx->defer_armed = 0;
-            }
-        }
-        strata_xcpu_ffn_finish(pend); /* not deferred after all, or an error */
-        if (rc)
+        if ((rc = cpu_experts(gx, il, n, &p, idx, &rows_cpu, err)))
             goto out;
-        if (gx->pend) {
-            gx->pend_prep = now_s() - tc; /* the preparation; settle() adds the rest */
-        } else {
-            gx->cpu_last = now_s();
-            gx->t_cpu += gx->cpu_last - tc;
-        }
+        gx->t_cpu += now_s() - tc;
         if (tr) {
             tt[TR_CPU + 1] = now_s();
             tr_cpu = 1;
         }
-        /* deferred: the rows read in place once the stream passed the wait (no copy
-         * queued behind it); else copied up */
-        if (rows_cpu && gx->pend) {
-            memcpy(gx->h_cidx, idx, 4 * (size_t)rows_cpu);
-            if ((rc = launch_rows(gx, (const float *)gx->m_cpu, (const int32_t *)gx->m_cidx, 1,
-                                  rows_cpu, io->eout, 1, err)))
-                goto out;
-        } else if (rows_cpu &&
+        if (rows_cpu &&
             ((rc = up(gx, gx->d_cpu, gx->h_cpu, 4 * (size_t)rows_cpu * gx->E, err)) ||
              (rc = up(gx, gx->d_cidx, idx, 4 * (size_t)rows_cpu, err)) ||
              (rc = launch_rows(gx, gx->d_cpu, gx->d_cidx, 1, rows_cpu, io->eout, 1, err))))
@@ -2464,8 +2345,6 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
         gx->tr_exit = tt[TR_UPLOAD + 1];
     }
 out:
-    if (rc)
-        settle(gx); /* the stream must not wait for a layer that will not come */
     strata_ec_release(gx->ec, &p);
     gx->t_moe += now_s() - t_in;
     if (rc)

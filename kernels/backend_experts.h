@@ -107,14 +107,6 @@ int strata_gpu_ec_graph_mode(const struct strata_gpu_ec *gx);
 int strata_gpu_ec_decode_graph(struct strata_gpu_ec *gx);
 void strata_gpu_ec_decode_done(struct strata_gpu_ec *gx, int graph, double seconds);
 void strata_gpu_ec_graph_off(struct strata_gpu_ec *gx);
-
-/* Join a layer's deferred CPU experts (a one-token layer's CPU experts left running on the
- * pool while the caller queued the next layer; the stream waits for them) and let the
- * stream go on.  The next strata_gpu_ec_moe does it; a caller that ends a forward pass
- * early (an error between two MoE layers) must call it before it synchronises the
- * stream, or the synchronisation never returns.  gx may be NULL; nothing pending is a
- * no-op. */
-void strata_gpu_ec_settle(struct strata_gpu_ec *gx);
 const void *const *strata_gpu_ec_tab(const struct strata_gpu_ec *gx, int il);
 int strata_gpu_ec_graph_begin(struct strata_gpu_ec *gx, struct strata_err *err);
 int strata_gpu_ec_graph_ids(struct strata_gpu_ec *gx, int il, const int32_t *eids,

@@ -148,42 +148,6 @@ int strata_k_code_arch(const void *func)
     return fa.ptxVersion;
 }
 
-#ifdef STRATA_GPU_HIP
-int strata_k_stream_wait_value(cudaStream_t st, void *dev, uint32_t value)
-{
-    if (hipStreamWaitValue32(st, dev, value, hipStreamWaitValueEq, 0xffffffffu) != hipSuccess) {
-        (void)hipGetLastError();
-        return -1;
-    }
-    return 0;
-}
-#else
-/* cuStreamWaitValue32's signature (cuda.h): CUresult (CUstream, CUdeviceptr, cuuint32_t,
- * unsigned int); CU_STREAM_WAIT_VALUE_EQ is 1 */
-typedef int (*wait_value_fn)(cudaStream_t, unsigned long long, unsigned int, unsigned int);
-
-int strata_k_stream_wait_value(cudaStream_t st, void *dev, uint32_t value)
-{
-    static wait_value_fn fn;
-    static int tried;
-    if (!tried) {
-        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-        void *f = NULL;
-        tried = 1;
-        if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &f, 12000, cudaEnableDefault,
-                                             &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (wait_value_fn)f;
-        (void)cudaGetLastError();
-    }
-    if (!fn || fn(st, (unsigned long long)(uintptr_t)dev, value, 1) != 0) {
-        (void)cudaGetLastError();
-        return -1;
-    }
-    return 0;
-}
-#endif
-
 int strata_k_env_on(const char *name)
 {
     const char *e = getenv(name);

@@ -111,15 +111,6 @@ int strata_gpu_info_query(int dev, struct strata_gpu_info *info, struct strata_e
  * and the build variable to set. */
 int strata_gpu_check_image(const struct strata_gpu_info *info, struct strata_err *err);
 
-/* Queue on st a wait until the 32-bit word at dev - the device address of pinned, mapped
- * host memory - equals value; what follows on st runs after the host wrote it.  CUDA:
- * cuStreamWaitValue32 (CU_STREAM_WAIT_VALUE_EQ), found through the runtime's driver entry
- * point; HIP: hipStreamWaitValue32 (hipStreamWaitValueEq).  Returns 0, or -1 where the
- * driver has no such wait or refused it (nothing queued, the runtime's error cleared):
- * the caller then does without.  The host must write the value before it waits for st,
- * or it waits forever. */
-int strata_k_stream_wait_value(cudaStream_t st, void *dev, uint32_t value);
-
 /* 1 if the environment variable name is set to something other than "0" (a switch such
  * as STRATA_NO_MVQ_STREAM=1). */
 int strata_k_env_on(const char *name);

@@ -4,11 +4,9 @@
 #include "expert_cpu.h"
 
 #include <math.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "expert_cpu_int.h"
 #include "ggml_types.h"
@@ -335,13 +333,12 @@ struct mm_job {
 /* at most 64 rows a chunk: 40 KiB of 768 Q6_K weights, 72 KiB of 2,048 Q4_K ones */
 #define MAX_ROWS 64
 
-/* A thread's share of an mm_job; returns the chunks it took. */
-static int mm_rows(struct mm_job *j, int nth)
+static void mm_worker(void *ctx, int ith, int nth)
 {
+    struct mm_job *j = ctx;
     int64_t r0, r1;
-    int n = 0;
+    (void)ith;
     while ((r0 = grab_rows(&j->next, j->rows, nth, MAX_ROWS, &r1)) >= 0) {
-        n++;
         int64_t base = 0;
         for (int i = 0; i < j->n_seg && base < r1; i++) {
             const int64_t ne1 = j->seg[i].w->ne1;
@@ -351,13 +348,6 @@ static int mm_rows(struct mm_job *j, int nth)
             base += ne1;
         }
     }
-    return n;
-}
-
-static void mm_worker(void *ctx, int ith, int nth)
-{
-    (void)ith;
-    mm_rows(ctx, nth);
 }
 
 static void run_rows(struct strata_pool *pool, const struct mm_seg *seg, int n_seg)
@@ -498,7 +488,6 @@ struct gu_job {
     int n_ex;
     int64_t rows; /* rows of n_ff of all experts */
     atomic_llong next;
-    atomic_llong *completed; /* rows finished, where the down rows wait for them */
 };
 
 static void gu_unit(struct gu_expert *e, int64_t r0, int64_t r1)
@@ -536,12 +525,13 @@ static void gu_unit(struct gu_expert *e, int64_t r0, int64_t r1)
  * KiB of 2,048 Q4_K weights): longer runs of rows read memory faster (a 1-token
  * expert on the dev machine's 2 threads, from memory: 22 GB/s in chunks of 16, 25 in
  * chunks of 32). */
-static int gu_rows(struct gu_job *j, int nth)
+static void gu_worker(void *ctx, int ith, int nth)
 {
+    struct gu_job *j = ctx;
     int64_t r0, r1;
-    int i = 0, n = 0;
+    int i = 0;
+    (void)ith;
     while ((r0 = grab_rows(&j->next, j->rows, nth, MAX_ROWS, &r1)) >= 0) {
-        n++;
         /* a thread's chunks come in increasing order: the expert only moves forward */
         while (i + 1 < j->n_ex && j->ex[i + 1].row0 <= r0)
             i++;
@@ -552,69 +542,7 @@ static int gu_rows(struct gu_job *j, int nth)
             if (lo < hi)
                 gu_unit(e, lo, hi);
         }
-        if (j->completed)
-            atomic_fetch_add_explicit(j->completed, r1 - r0, memory_order_acq_rel);
     }
-    return n;
-}
-
-static void gu_worker(void *ctx, int ith, int nth)
-{
-    (void)ith;
-    gu_rows(ctx, nth);
-}
-
-/* A batch's state from its preparation to the end of its pool runs. */
-struct strata_xcpu_async {
-    struct strata_pool *pool;
-    struct gu_expert *ge;
-    struct mm_seg *dseg;
-    atomic_int *done;
-    int n_act;
-    struct gu_job gu;
-    struct mm_job mm;
-    atomic_llong gu_completed;
-    int64_t t_start;    /* ns, CLOCK_MONOTONIC: handed to the workers */
-    atomic_llong t_end; /* ns: the last thread out of its rows */
-};
-
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-/* Both runs in one job (strata_xcpu_ffn_start): a thread out of gate/up rows waits for
- * the rows others took, then takes down rows. */
-static void ffn_worker(void *ctx, int ith, int nth)
-{
-    struct strata_xcpu_async *a = ctx;
-    (void)ith;
-    int n = gu_rows(&a->gu, nth), spins = 0;
-    while (atomic_load_explicit(&a->gu_completed, memory_order_acquire) < a->gu.rows)
-        if (++spins % 64 == 0)
-            sched_yield();
-#if defined(__x86_64__) || defined(__i386__)
-        else
-            __builtin_ia32_pause();
-#endif
-    if (!(n += mm_rows(&a->mm, nth)))
-        return; /* came after the work: not the batch's end */
-    int64_t t = now_ns(), e = atomic_load_explicit(&a->t_end, memory_order_relaxed);
-    while (t > e && !atomic_compare_exchange_weak_explicit(&a->t_end, &e, t, memory_order_relaxed,
-                                                           memory_order_relaxed))
-        ;
-}
-
-static void async_free(struct strata_xcpu_async *a)
-{
-    if (!a)
-        return;
-    free(a->ge);
-    free(a->dseg);
-    free(a->done);
-    free(a);
 }
 
 /* An earlier expert's gate segment whose q8 input is that of x [n_tok, g->ne0] for g
@@ -633,17 +561,13 @@ static const struct mm_seg *same_q8_input(const struct gu_expert *ge, int n,
     return NULL;
 }
 
-/* Check and prepare a batch: *out NULL where there is nothing to compute. */
-static int ffn_prepare(struct strata_pool *pool, const struct strata_xcpu_expert *ex, int n_ex,
-                       int matvec, int q8, void *work, struct strata_xcpu_async **out,
-                       struct strata_err *err)
+int strata_xcpu_ffn_batch(struct strata_pool *pool, const struct strata_xcpu_expert *ex,
+                          int n_ex, int matvec, int q8, void *work, struct strata_err *err)
 {
     struct gu_expert *ge = NULL;
     struct mm_seg *dseg = NULL;
     atomic_int *done = NULL;
-    struct strata_xcpu_async *a = NULL;
     int rc = 0, T = 0, n_act = 0;
-    *out = NULL;
     int64_t n_blocks = 0;
     const int simd = simd_for(-1);
     for (int i = 0; i < n_ex; i++) {
@@ -667,22 +591,13 @@ static int ffn_prepare(struct strata_pool *pool, const struct strata_xcpu_expert
     }
     if (!n_ex || !T)
         return 0;
-    a = calloc(1, sizeof *a);
     ge = malloc(sizeof *ge * (size_t)n_act);
     dseg = malloc(sizeof *dseg * (size_t)n_act);
     done = malloc(sizeof *done * (size_t)(n_blocks + 1));
-    if (!a || !ge || !dseg || !done) {
-        free(a);
-        free(ge);
-        free(dseg);
-        free(done);
-        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    if (!ge || !dseg || !done) {
+        rc = strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+        goto out;
     }
-    a->pool = pool;
-    a->ge = ge;
-    a->dseg = dseg;
-    a->done = done;
-    a->n_act = n_act;
     for (int64_t b = 0; b < n_blocks; b++)
         atomic_init(&done[b], 0);
     /* work: g and u [T, n_ff] (expert after expert), then each expert's prepared
@@ -693,7 +608,7 @@ static int ffn_prepare(struct strata_pool *pool, const struct strata_xcpu_expert
         gu_bytes += 4 * (size_t)(ex[i].n_tok > 0 ? ex[i].n_tok : 0) * (size_t)ex[i].gate.ne1;
     float *gbuf = work, *ubuf = (float *)((char *)work + ALIGN64(gu_bytes));
     char *scr = (char *)work + 2 * ALIGN64(gu_bytes);
-    struct gu_job j = {ge, 0, 0, 0, NULL};
+    struct gu_job j = {ge, 0, 0, 0};
     size_t off = 0;
     int64_t go = 0, bo = 0;
     for (int i = 0; i < n_ex; i++) {
@@ -753,53 +668,14 @@ static int ffn_prepare(struct strata_pool *pool, const struct strata_xcpu_expert
         }
         go += (int64_t)nt * g->ne1;
     }
-    a->gu = j;
-    atomic_init(&a->gu.next, 0);
-    a->mm.seg = dseg;
-    a->mm.n_seg = n_act;
-    for (int i = 0; i < n_act; i++)
-        a->mm.rows += dseg[i].w->ne1;
-    atomic_init(&a->mm.next, 0);
-    atomic_init(&a->gu_completed, 0);
-    *out = a;
-    return 0;
-}
-
-int strata_xcpu_ffn_batch(struct strata_pool *pool, const struct strata_xcpu_expert *ex,
-                          int n_ex, int matvec, int q8, void *work, struct strata_err *err)
-{
-    struct strata_xcpu_async *a;
-    int rc = ffn_prepare(pool, ex, n_ex, matvec, q8, work, &a, err);
-    if (a) {
-        strata_pool_run(pool, gu_worker, &a->gu);
-        strata_pool_run(pool, mm_worker, &a->mm);
-        async_free(a);
-    }
+    atomic_init(&j.next, 0);
+    strata_pool_run(pool, gu_worker, &j);
+    run_rows(pool, dseg, n_act);
+out:
+    free(ge);
+    free(dseg);
+    free(done);
     return rc;
-}
-
-int strata_xcpu_ffn_start(struct strata_pool *pool, const struct strata_xcpu_expert *ex,
-                          int n_ex, int matvec, int q8, void *work,
-                          struct strata_xcpu_async **out, struct strata_err *err)
-{
-    int rc = ffn_prepare(pool, ex, n_ex, matvec, q8, work, out, err);
-    if (*out) {
-        (*out)->gu.completed = &(*out)->gu_completed;
-        (*out)->t_start = now_ns();
-        atomic_init(&(*out)->t_end, (*out)->t_start);
-        strata_pool_start(pool, ffn_worker, *out);
-    }
-    return rc;
-}
-
-double strata_xcpu_ffn_finish(struct strata_xcpu_async *a)
-{
-    if (!a)
-        return 0;
-    strata_pool_finish(a->pool, ffn_worker, a);
-    double s = (double)(atomic_load(&a->t_end) - a->t_start) / 1e9;
-    async_free(a);
-    return s;
 }
 
 int strata_xcpu_ffn(struct strata_pool *pool, const struct strata_mat *gate,

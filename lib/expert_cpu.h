@@ -98,20 +98,4 @@ struct strata_xcpu_expert {
 int strata_xcpu_ffn_batch(struct strata_pool *pool, const struct strata_xcpu_expert *ex,
                           int n_ex, int matvec, int q8, void *work, struct strata_err *err);
 
-/* strata_xcpu_ffn_batch in two calls: start checks and prepares the batch and hands it
- * to the pool's workers; finish has the calling thread join them and returns when every
- * y is written.  In between the calling thread is free (it must not use the pool, x and
- * work must stay as they are, y is not yet written).  Both runs are one pool job: a
- * thread out of gate/up rows waits for those the others took, then takes down rows.
- * *out: NULL where there is nothing to compute or on an error (nothing started); owned
- * by the pool's run until strata_xcpu_ffn_finish(*out), which frees it (NULL accepted)
- * and returns the seconds from the start to the last thread's end of its rows (0 for
- * NULL): the batch's own time, whenever the calling thread joined.
- * Results bit for bit those of strata_xcpu_ffn_batch.  Errors: as strata_xcpu_ffn_batch. */
-struct strata_xcpu_async;
-int strata_xcpu_ffn_start(struct strata_pool *pool, const struct strata_xcpu_expert *ex,
-                          int n_ex, int matvec, int q8, void *work,
-                          struct strata_xcpu_async **out, struct strata_err *err);
-double strata_xcpu_ffn_finish(struct strata_xcpu_async *a);
-
 #endif

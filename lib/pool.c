@@ -148,10 +148,12 @@ int strata_pool_n_threads(const struct strata_pool *p)
     return p ? p->n_threads : 1;
 }
 
-void strata_pool_start(struct strata_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx)
+void strata_pool_run(struct strata_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx)
 {
-    if (!p || p->n_threads == 1)
+    if (!p || p->n_threads == 1) {
+        fn(ctx, 0, 1);
         return;
+    }
     p->fn = fn;
     p->ctx = ctx;
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
@@ -160,15 +162,9 @@ void strata_pool_start(struct strata_pool *p, void (*fn)(void *ctx, int ith, int
     atomic_fetch_add_explicit(&p->gen, 1, memory_order_acq_rel);
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
-}
 
-void strata_pool_finish(struct strata_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx)
-{
-    if (!p || p->n_threads == 1) {
-        fn(ctx, 0, 1);
-        return;
-    }
     fn(ctx, 0, p->n_threads);
+
     int spins = 0;
     while (atomic_load_explicit(&p->done, memory_order_acquire) < p->n_threads - 1) {
         if (++spins < SPIN_BEFORE_YIELD)
@@ -176,10 +172,4 @@ void strata_pool_finish(struct strata_pool *p, void (*fn)(void *ctx, int ith, in
         else
             sched_yield();
     }
-}
-
-void strata_pool_run(struct strata_pool *p, void (*fn)(void *ctx, int ith, int nth), void *ctx)
-{
-    strata_pool_start(p, fn, ctx);
-    strata_pool_finish(p, fn, ctx);
 }

@@ -31,17 +31,6 @@ int strata_pool_n_threads(const struct strata_pool *p);
 void strata_pool_run(struct strata_pool *p, void (*fn)(void *ctx, int ith, int nth),
                      void *ctx);
 
-/* strata_pool_run in two halves: start hands fn to the workers (ith 1 .. nth-1) and
- * returns at once; finish runs fn(ctx, 0, nth) on the calling thread and returns when
- * every call has returned.  In between the calling thread is free for other work but
- * must not use the pool; every start is followed by one finish.  fn must share its work
- * through its own counters (the calling thread may come late, or find nothing left).
- * p may be NULL: finish runs fn(ctx, 0, 1). */
-void strata_pool_start(struct strata_pool *p, void (*fn)(void *ctx, int ith, int nth),
-                       void *ctx);
-void strata_pool_finish(struct strata_pool *p, void (*fn)(void *ctx, int ith, int nth),
-                        void *ctx);
-
 /* Online CPUs (sysconf), >= 1. */
 int strata_pool_cpu_count(void);
 

@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "expert_cpu.h"
 #include "ggml_types.h"
@@ -442,52 +441,6 @@ static void test_ffn(struct strata_pool *pool)
                    !memcmp(y1, ex[i].y, sizeof(float) * n_embd);
         ok(same, "a batch of 3 one-token experts, two of them copies of one row, equals one "
            "call per expert%s%s", rc ? ": " : "", rc ? err.msg : "");
-        /* the same batch started on the workers and finished later: the same bits */
-        float *ya = malloc(sizeof(float) * 3 * n_embd);
-        struct strata_xcpu_async *as = NULL;
-        if (ya && same) {
-            memcpy(ya, yb, sizeof(float) * 3 * n_embd);
-            memset(yb, 0xff, sizeof(float) * 3 * n_embd);
-            struct timespec t0, t1;
-            clock_gettime(CLOCK_MONOTONIC, &t0);
-            rc = strata_xcpu_ffn_start(pool, ex, 3, 1, 1, wb, &as, &err);
-            /* the workers get through it while the calling thread does something else */
-            int alone = 0;
-            double el = 0;
-            while (rc == 0 && !alone && el < 5.0) {
-                __atomic_thread_fence(__ATOMIC_SEQ_CST);
-                alone = !memcmp(ya, yb, sizeof(float) * 3 * n_embd);
-                clock_gettime(CLOCK_MONOTONIC, &t1);
-                el = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-            }
-            ok(alone, "a started batch is computed by the workers before the calling thread "
-               "joins");
-            const double seen = el; /* the rows were all written by then */
-            for (double e2 = 0; e2 < seen + 0.05;) { /* the calling thread's own work */
-                clock_gettime(CLOCK_MONOTONIC, &t1);
-                e2 = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
-            }
-            double sec = strata_xcpu_ffn_finish(as);
-            /* (the last thread stamps its end just after its last row) */
-            ok(as && sec > 0 && sec < seen + 0.01,
-               "its time is the batch's own (%.6f s, rows done within %.6f s), not until the "
-               "calling thread joined (%.6f s)", sec, seen, seen + 0.05);
-            ok(rc == 0 && as && !memcmp(ya, yb, sizeof(float) * 3 * n_embd),
-               "a batch started and finished later equals the batch run at once%s%s",
-               rc ? ": " : "", rc ? err.msg : "");
-            ex[0].n_tok = ex[1].n_tok = ex[2].n_tok = 0;
-            rc = strata_xcpu_ffn_start(pool, ex, 3, 1, 1, wb, &as, &err);
-            ok(rc == 0 && !as, "a batch of no tokens starts nothing");
-            ex[0].n_tok = 1;
-            ex[0].down = ex[0].gate; /* does not chain */
-            rc = strata_xcpu_ffn_start(pool, ex, 3, 1, 1, wb, &as, &err);
-            ok(rc == STRATA_E_INVALID && !as, "a batch that does not chain starts nothing: %s",
-               err.msg);
-            ex[0].down = d.m;
-        } else {
-            ok(0, "a batch started and finished later: no reference");
-        }
-        free(ya);
         free(xc);
         free(yb);
         free(y1);
