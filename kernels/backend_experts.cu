@@ -707,7 +707,7 @@ out:
 /* Whether the warm CPU probe takes a run after r runs: 4 (the first warms up), and more,
  * 32 in all at most, while the best so far (best_s seconds for bytes) is under an eighth
  * of the memory probe's mem_gbs - a host busy elsewhere at start once gave 0.5 GB/s
- * against 60 in the next process, and nearly every miss went over PCIe. */
+ * against 58-79 in every other process, and nearly every miss went over PCIe. */
 static int warm_more(int r, double best_s, double bytes, double mem_gbs)
 {
     if (r < 4)
@@ -1552,7 +1552,8 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
             if ((int)L->ffn_gate_exps.ne[1] > gx->n_ff)
                 gx->n_ff = (int)L->ffn_gate_exps.ne[1];
         }
-        gx->next_moe[gx->L - 1] = -1; /* (the loop starts one below) */
+        if (gx->L > 0)
+            gx->next_moe[gx->L - 1] = -1; /* the last layer has none; the loop starts below */
         for (int il = gx->L - 2, nx = -1; il >= -1; il--) {
             if (il + 1 < gx->L && is_moe[il + 1])
                 nx = il + 1;

@@ -19,7 +19,9 @@
 # check: test_kernels and test_golden (with the fixtures packed into DIR/fixtures, if
 # any).  ab: bench_gpu --ab over $AB.  offmem: bench_offload from memory, once per
 # setting of $OFFENV (space-separated settings, each VAR=VALUE[,VAR=VALUE...], "-"
-# for none; more options in $OFFARGS, e.g. --reps 3).  offtest: test_expert_offload.  prof: per-operation times (STRATA_GPU_PROFILE=1).  spec:
+# for none; more options in $OFFARGS, e.g. --reps 3; ROUTE=uniform for uniform
+# routing).  offtest: test_expert_offload.  prof: per-operation times
+# (STRATA_GPU_PROFILE=1).  spec:
 # scripts/bench-spec.sh on the host's CPU (all its threads, or $SPEC_THREADS; more
 # options in $SPEC_ARGS).  ncupp: Nsight Compute's full report of a few prefill kernels;
 # ncudec: the same for a few decode kernels.  gpushell: the GPU shell tests
