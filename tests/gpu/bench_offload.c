@@ -318,8 +318,10 @@ int main(int argc, char **argv)
                     }
                     phase_stats(e, rec, n, t, pcie_gbs, cpu_gbs, &ph);
                     print_phase(name, &ph);
-                    sum = (r ? sum : 0) + ph.tok_s;
-                    sum2 = (r ? sum2 : 0) + ph.tok_s * ph.tok_s;
+                    if (r == 0)
+                        sum = sum2 = 0; /* a new phase */
+                    sum += ph.tok_s;
+                    sum2 += ph.tok_s * ph.tok_s;
                     if (reps > 1 && r == reps - 1) {
                         /* the mean and sample standard deviation, as llama-bench reports
                          * its repetitions */
