@@ -705,16 +705,19 @@ out:
 }
 
 /* Whether the warm CPU probe takes a run after r runs: 4 (the first warms up), and more,
- * 32 in all at most, while the best so far (best_s seconds for bytes) is under an eighth
- * of the memory probe's mem_gbs - a host busy elsewhere at start once gave 0.5 GB/s
- * against 58-79 in every other process, and nearly every miss went over PCIe. */
+ * 32 in all at most, while the best so far (best_s seconds for bytes) is under half the
+ * memory probe's mem_gbs.  On the H200's host the warm runs measured 44-90 GB/s against
+ * memory reads of 39-76, and twice far below: 0.5 GB/s (mem 64.5) and 6.2 GB/s (mem
+ * 39.3) - pcie_frac 0.99 and 0.87, nearly every miss over PCIe; the second decoded
+ * 176-180 tok/s where the run's other processes decoded 217-273 (uniform routing, 25% of
+ * the experts in VRAM).  A re-run costs about 50 us. */
 static int warm_more(int r, double best_s, double bytes, double mem_gbs)
 {
     if (r < 4)
         return 1;
     if (r >= 32 || mem_gbs <= 0)
         return 0;
-    return !(best_s > 0 && bytes / best_s / 1e9 >= mem_gbs / 8);
+    return !(best_s > 0 && bytes / best_s / 1e9 >= mem_gbs / 2);
 }
 
 /* GB/s of expert weights one decode token's CPU expert goes through (the first MoE
