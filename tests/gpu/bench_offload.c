@@ -4,7 +4,7 @@
  *   bench_offload [--shape S] [--layers N] [--ftype F] [--pp P[,P...]] [--tg T]
  *                 [--prefill CHUNK] [--budget PCT[,PCT...]] [--pcie-frac auto|F[,...]]
  *                 [--route model|uniform[,...]] [--pcie-gbs G] [--seed N] [--file PATH]
- *                 [--reps N]
+ *                 [--reps N] [--thp]
  *
  * Every prompt and decode token is a uniformly random token id (as llama-bench feeds
  * them), so routing follows the model, not a repeated token.  For each budget (percent
@@ -26,11 +26,16 @@
  * but the traffic is that of a model whose routing has no locality at all - the worst
  * case for a cache, and what a per-layer placement (llama.cpp --n-cpu-moe) sees
  * whatever the routing.  Prefetch (off by default; STRATA_EC_PREFETCH=1) stays off
- * there: it predicts the router's choice, not the random one. */
+ * there: it predicts the router's choice, not the random one.
+ *
+ * --thp: the model built in memory is moved into memory advised for transparent huge
+ * pages (MADV_HUGEPAGE, which strata-load asks for its resident images), so the CPU experts read
+ * 2 MB pages; without it the pages are whatever the host's THP setting gives. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "engine.h"
@@ -153,7 +158,7 @@ int main(int argc, char **argv)
 {
     const char *shape = "qwen3-30b-a3b", *ftype = "Q4_K_M", *budgets = "25,50",
                *fracs = "1,auto", *pps = "512,2048", *routes = "model,uniform", *file = NULL;
-    int layers = 12, tg = 128, prefill = 2048, reps = 1;
+    int layers = 12, tg = 128, prefill = 2048, reps = 1, thp = 0;
     double pcie_gbs = 55;
     for (int i = 1; i < argc; i++) {
         if (i + 1 < argc && !strcmp(argv[i], "--shape")) shape = argv[++i];
@@ -168,13 +173,14 @@ int main(int argc, char **argv)
         else if (i + 1 < argc && !strcmp(argv[i], "--route")) routes = argv[++i];
         else if (i + 1 < argc && !strcmp(argv[i], "--pcie-gbs")) pcie_gbs = atof(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--file")) file = argv[++i];
+        else if (!strcmp(argv[i], "--thp")) thp = 1;
         else if (i + 1 < argc && !strcmp(argv[i], "--seed"))
             bench_rng_state = strtoull(argv[++i], NULL, 0) | 1;
         else {
             fprintf(stderr, "usage: bench_offload [--shape S] [--layers N] [--ftype F] "
                     "[--pp P,...] [--tg T] [--prefill CHUNK] [--budget PCT,...] "
                     "[--pcie-frac auto|F,...] [--route model|uniform,...] [--pcie-gbs G] "
-                    "[--seed N] [--file PATH] [--reps N]\n");
+                    "[--seed N] [--file PATH] [--reps N] [--thp]\n");
             return 2;
         }
     }
@@ -197,7 +203,7 @@ int main(int argc, char **argv)
     struct strata_err err = {0, ""};
     struct strata_synth_opts so = {shape, layers, ftype, 42};
     void *buf = NULL;
-    size_t size = 0;
+    size_t size = 0, thp_len = 0;
     struct strata_gguf *g = NULL;
     struct strata_model *mm = NULL;
     double t0 = bench_now();
@@ -215,6 +221,18 @@ int main(int argc, char **argv)
             size = (size_t)strata_gguf_shard_size(g, 0);
     } else {
         rc = strata_synth_build(&so, &buf, &size, &err);
+        if (!rc && thp) {
+            size_t len = (size + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+            void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (m == MAP_FAILED || madvise(m, len, MADV_HUGEPAGE) != 0) {
+                fprintf(stderr, "bench_offload: --thp: no memory advised for huge pages\n");
+                return 1;
+            }
+            memcpy(m, buf, size);
+            free(buf);
+            buf = m;
+            thp_len = len;
+        }
         if (!rc)
             rc = strata_gguf_open_mem(&g, buf, size, shape, &err);
     }
@@ -360,6 +378,9 @@ int main(int argc, char **argv)
     free(rec);
     strata_model_free(mm);
     strata_gguf_close(g);
-    free(buf);
+    if (thp_len)
+        munmap(buf, thp_len);
+    else
+        free(buf);
     return failed ? 1 : 0;
 }
