@@ -983,6 +983,58 @@ static void test_router_topk(int n_tok, int n_expert, int n, int k, int norm)
     free(w); free(x); free(ref); free(got); free(gi); free(gi2); free(gw); free(gw2); free(one);
 }
 
+/* One token routed by the router's last block against moe_route on the same logits, where
+ * logits tie: router rows repeated in pairs (every logit twice: both of a pair chosen, the
+ * lower id first), or a zero row x (every logit 0: ids 0 .. k-1, each weight scale / k). */
+static void test_router_ties(int zero_x)
+{
+    struct strata_err err = {0, ""};
+    const int n_expert = 128, n = 256, k = 8;
+    float *w = (float *)malloc(sizeof(float) * n_expert * n), *x = (float *)malloc(sizeof(float) * n);
+    kt_fill(w, (size_t)n_expert * n, 1.0f);
+    kt_fill(x, (size_t)n, 1.0f);
+    for (int e = 1; e < n_expert; e += 2)
+        memcpy(w + (size_t)e * n, w + (size_t)(e - 1) * n, sizeof(float) * n);
+    if (zero_x)
+        memset(x, 0, sizeof(float) * n);
+    float *dw = (float *)kt_up(w, sizeof(float) * n_expert * n), *dx = (float *)kt_up(x, sizeof(float) * n);
+    float *dl = (float *)kt_dev(sizeof(float) * n_expert);
+    float *dwt = (float *)kt_dev(sizeof(float) * k), *dwt2 = (float *)kt_dev(sizeof(float) * k);
+    int32_t *di = (int32_t *)kt_dev(sizeof(int32_t) * k), *di2 = (int32_t *)kt_dev(sizeof(int32_t) * k);
+    int *dc = (int *)kt_dev(sizeof(int));
+    KT_CUDA(cudaMemset(dc, 0, sizeof(int)));
+    struct strata_k_weight kw = {STRATA_TYPE_F32, n, n_expert, 4 * (size_t)n, 0, dw};
+    kt_poison(di, sizeof(int32_t) * k);
+    int rc = strata_k_moe_router_topk(&ctx, &kw, dx, 1, dl, dc, k, 1, 0.5f, di, dwt, NULL, &err);
+    if (!rc)
+        rc = strata_k_moe_route(&ctx, dl, 1, n_expert, k, 1, 0.5f, di2, dwt2, &err);
+    KT_CUDA(cudaDeviceSynchronize());
+    int32_t gi[8], gi2[8];
+    float gw[8], gw2[8], lg[128];
+    kt_down(gi, di, sizeof gi);
+    kt_down(gi2, di2, sizeof gi2);
+    kt_down(gw, dwt, sizeof gw);
+    kt_down(gw2, dwt2, sizeof gw2);
+    kt_down(lg, dl, sizeof lg);
+    int ties = 0, pairs = 1, first = 1;
+    for (int e = 0; e + 1 < n_expert; e += 2)
+        ties += lg[e] == lg[e + 1];
+    /* both of a pair chosen, the lower id first */
+    for (int j = 0; j + 1 < k; j += 2)
+        pairs &= gi[j] % 2 == 0 && gi[j + 1] == gi[j] + 1;
+    for (int j = 0; zero_x && j < k; j++)
+        first &= gi[j] == j && gw[j] == 0.5f / k;
+    int same = !rc && !memcmp(gi, gi2, sizeof gi) && !memcmp(gw, gw2, sizeof gw);
+    ok(same && ties == n_expert / 2 && pairs && first,
+       "moe_router_topk, one token, tied logits%s: routing %s moe_route's, %d of %d pairs tied, "
+       "pairs chosen together %s%s %s", zero_x ? " (all zero)" : "",
+       same ? "equals" : "differs from", ties, n_expert / 2, pairs ? "yes" : "no",
+       zero_x ? (first ? ", ids 0..k-1" : ", not ids 0..k-1") : "", rc ? err.msg : "");
+    cudaFree(dw); cudaFree(dx); cudaFree(dl); cudaFree(dwt); cudaFree(dwt2); cudaFree(di);
+    cudaFree(di2); cudaFree(dc);
+    free(w); free(x);
+}
+
 /* The router with the ffn_norm in its launch (strata_k_norm_q8) against quantize_q8
  * followed by the router on its float rows: the normed rows, their q8 bytes, the logits
  * and the routing must be the same bits; and the last token alone the bits it got in
@@ -1070,6 +1122,8 @@ static void test_q8(void)
     test_router_topk(17, 60, 100, 6, 0);
     test_router_topk(3, 1000, 64, 32, 1);
     test_router_topk(5, 128, 4352, 8, 1); /* rows longer than the loads before the wait */
+    test_router_ties(0);
+    test_router_ties(1);
     test_router_norm(1, 128, 2048, 8, 1);   /* Qwen3-30B-A3B's decode */
     test_router_norm(17, 128, 2048, 8, 1);  /* a verify window */
     test_router_norm(2, 24, 4640, 4, 1);    /* past the loads before the wait; 145 q8 blocks */
