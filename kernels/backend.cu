@@ -1531,12 +1531,16 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
             int k = s->n_used, rows = n * k;
             float wscale = hp->expert_weights_scale > 0 ? hp->expert_weights_scale : 1.0f;
             if (route1) {
+                /* a host-planned one-token layer: the router leaves the ids and the
+                 * experts' input in host memory too (strata_gpu_ec_host_route) */
+                const struct strata_k_host_route *hr =
+                    s->xc && n == 1 && !s->tab_now ? strata_gpu_ec_host_route(s->xc) : NULL;
                 if (OP(norm_in_router ? "ffn_norm_router_topk" : "moe_router_topk",
                        strata_k_moe_router_topk(&s->ctx, &D->gate_inp,
                                                 norm_in_router ? s->x : s->xn, n, s->router,
                                                 s->norm_cnt + MATVEC_MAX, k,
                                                 hp->expert_weights_norm, wscale, s->eids, s->ew,
-                                                norm_in_router ? &rnorm : NULL, err)))
+                                                norm_in_router ? &rnorm : NULL, hr, err)))
                     goto fail;
             } else if (OP("moe_router", proj(s, &D->gate_inp, s->xn, E, n, s->router, s->n_expert, NULL, err)) ||
                 OP("moe_route_topk", strata_k_moe_route(&s->ctx, s->router, n, s->n_expert, k,

@@ -315,6 +315,11 @@ struct strata_gpu_ec {
     int boost; /* a chunk admitted nothing since the last mat-vec batch's re-balance */
     /* host buffers (pinned) */
     int32_t *h_ids, *h_arena;
+    /* the router's results for the host (strata_gpu_ec_host_route): hr's device addresses
+     * of h_ids, h_xn and h_flag; hr_on: allowed; hr_armed: the next layer's router writes */
+    struct strata_k_host_route hr;
+    unsigned *h_flag;
+    int hr_on, hr_armed;
     size_t arena_cap, arena_used;
     float *h_xn, *h_cpu, *h_rnext;
     float *cx;                  /* CPU scratch: [n_ub, E] gathered inputs */
@@ -914,7 +919,7 @@ void strata_gpu_ec_free(struct strata_gpu_ec *gx)
     free(gx->tab_new);
     free(gx->gslots);
     void *hp[] = {gx->h_ids, gx->h_arena, gx->h_xn, gx->h_cpu, gx->h_rnext, gx->h_tab,
-                  gx->h_hist};
+                  gx->h_hist, gx->h_flag};
     for (size_t i = 0; i < sizeof hp / sizeof hp[0]; i++)
         if (hp[i])
             (void)cudaFreeHost(hp[i]);
@@ -1059,6 +1064,44 @@ static int boost_max(struct strata_gpu_ec *gx)
 }
 
 /* ---- decode steps as one graph: experts read through a table ---- */
+
+const struct strata_k_host_route *strata_gpu_ec_host_route(struct strata_gpu_ec *gx)
+{
+    if (!gx)
+        return NULL;
+    gx->hr_armed = gx->hr_on && !gx->cfg.prefetch;
+    if (!gx->hr_armed)
+        return NULL;
+    if (!++gx->hr.seq) /* never 0, the flag's first value */
+        gx->hr.seq = 1;
+    return &gx->hr;
+}
+
+/* Until this layer's router wrote the flag (strata_gpu_ec_host_route): its ids and the
+ * experts' input row are then in host memory.  Every 256 polls asks the stream: a fault
+ * is an error, and so is a stream that went idle without the flag. */
+static int wait_host_route(struct strata_gpu_ec *gx, struct strata_err *err)
+{
+    const unsigned seq = gx->hr.seq;
+    for (unsigned i = 1;; i++) {
+        if (__atomic_load_n(gx->h_flag, __ATOMIC_ACQUIRE) == seq)
+            return 0;
+        if (i % 256)
+            continue;
+        cudaError_t e = cudaStreamQuery(gx->ctx->stream);
+        if (e == cudaErrorNotReady) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        if (e != cudaSuccess)
+            return call(gx, e, "forward pass before the routed experts (asynchronous error)",
+                        err);
+        if (__atomic_load_n(gx->h_flag, __ATOMIC_ACQUIRE) == seq)
+            return 0;
+        return strata_k_err(err, STRATA_E_INTERNAL, "the router's launch ended without "
+                            "leaving the routed ids for the host");
+    }
+}
 
 /* Rebuild the expert table from the cache (RESIDENT slots, the host bytes for every
  * other expert) and upload it on the compute stream when it changed.  Before a step,
@@ -1205,7 +1248,7 @@ int strata_gpu_ec_graph_prefetch(struct strata_gpu_ec *gx, int il, const float *
     if (!rc)
         rc = strata_k_moe_router_topk(&side, &gx->gate_inp[nx], xn, 1, gx->d_pf_logits,
                                       gx->d_pf_cnt, gx->K, 0, 1.0f, gx->d_pf_ids, gx->d_pf_w,
-                                      NULL, err);
+                                      NULL, NULL, err);
     if (rc)
         return rc;
     dim3 grid(PF_BLOCKS), block(256);
@@ -1746,6 +1789,26 @@ int strata_gpu_ec_create(struct strata_gpu_ec **out, const struct strata_gpu_ec_
                                 err)))
                 goto out;
         }
+#ifdef STRATA_GPU_CUDA
+        {
+            /* the router's results for the host (strata_gpu_ec_host_route) */
+            const char *hv = getenv("STRATA_EC_HOST_ROUTE");
+            void *di = NULL, *dx = NULL, *df = NULL;
+            if (!(hv && !strcmp(hv, "0"))) {
+                if ((rc = host_alloc((void **)&gx->h_flag, 64, "the router's flag", err)))
+                    goto out;
+                *gx->h_flag = 0;
+                gx->hr_on = cudaHostGetDevicePointer(&di, gx->h_ids, 0) == cudaSuccess &&
+                            cudaHostGetDevicePointer(&df, gx->h_flag, 0) == cudaSuccess &&
+                            (!gx->h_xn ||
+                             cudaHostGetDevicePointer(&dx, gx->h_xn, 0) == cudaSuccess);
+                (void)cudaGetLastError();
+                gx->hr.ids = (int32_t *)di;
+                gx->hr.xn = (float *)dx;
+                gx->hr.flag = (unsigned *)df;
+            }
+        }
+#endif
     }
     {
         const int ns = gx->n_slots;
@@ -2182,17 +2245,26 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
                        err)))
             return rc;
     }
-    if ((rc = call(gx, cudaMemcpyAsync(gx->h_ids, io->eids, 4 * (size_t)A, cudaMemcpyDeviceToHost,
+    /* the router left the ids and the experts' input for the host (n == 1), or they come
+     * back by copies */
+    const int armed = gx->hr_armed;
+    gx->hr_armed = 0;
+    if (armed && (n != 1 || prefetch))
+        return strata_k_err(err, STRATA_E_INTERNAL, "expert cache: the router wrote for the "
+                            "host in a batch of %d tokens", n);
+    if (!armed &&
+        (rc = call(gx, cudaMemcpyAsync(gx->h_ids, io->eids, 4 * (size_t)A, cudaMemcpyDeviceToHost,
                                        st), "copy of the routed ids", err)))
         return rc;
-    if (gx->cpu_possible && n <= gx->mv_max &&
+    if (!armed && gx->cpu_possible && n <= gx->mv_max &&
         (rc = call(gx, cudaMemcpyAsync(gx->h_xn, io->xn, 4 * (size_t)n * gx->E,
                                        cudaMemcpyDeviceToHost, st),
                    "copy of the expert inputs", err)))
         return rc;
     double t0 = now_s();
-    if ((rc = call(gx, cudaStreamSynchronize(st), "forward pass before the routed experts "
-                                                  "(asynchronous error)", err)))
+    if ((rc = armed ? wait_host_route(gx, err)
+                    : call(gx, cudaStreamSynchronize(st), "forward pass before the routed "
+                                                          "experts (asynchronous error)", err)))
         return rc;
     gx->t_fwd_sync += now_s() - t0;
     if (tr) {

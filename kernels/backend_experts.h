@@ -69,8 +69,17 @@ struct strata_gpu_ec_io {
     size_t xh_cap;
 };
 
+/* Where the router of a one-token host-planned layer (n == 1, not a graph step) leaves
+ * the ids and the experts' input row for the host (strata_k_moe_router_topk's hr),
+ * armed for the next strata_gpu_ec_moe, which then waits for its flag instead of
+ * copying them back and synchronising the stream; NULL (nothing armed) when the
+ * backend is not CUDA, when the host-planned step also prefetches (its router's logits
+ * come back by a copy), or with STRATA_EC_HOST_ROUTE=0.  Owned by gx. */
+const struct strata_k_host_route *strata_gpu_ec_host_route(struct strata_gpu_ec *gx);
+
 /* The routed experts of layer il for a batch of n tokens: downloads the routed ids
- * (one small copy and a synchronisation of the compute stream), looks them up in the
+ * (one small copy and a synchronisation of the compute stream, or the router's own
+ * writes to host memory: strata_gpu_ec_host_route), looks them up in the
  * cache and copies misses on the copy stream; the compute stream waits for them on an
  * event.  Then either
  *   *done = 0: a mat-vec batch (n <= mv_max) whose experts are all on the GPU at once:

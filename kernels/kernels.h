@@ -418,6 +418,18 @@ int strata_k_moe_route(struct strata_gpu_ctx *ctx, const float *logits, int n_to
                        int n_expert, int k, int norm, float scale, int32_t *ids, float *w,
                        struct strata_err *err);
 
+/* Where a one-token router launch also leaves its results for the host: pinned host
+ * memory the device can write (device addresses); ids [k] the chosen experts, xn [n] (or
+ * NULL) the experts' input row (the normed row when the launch norms, else x), and flag,
+ * written seq last, once ids and xn are visible to the host - so the host can plan the
+ * layer's experts without a copy back and a synchronisation of the stream. */
+struct strata_k_host_route {
+    int32_t *ids;
+    float *xn;
+    unsigned *flag;
+    unsigned seq;
+};
+
 /* The router and strata_k_moe_route in one launch, for decode-sized batches: logits
  * [n_tok, n_expert] = x [n_tok, n] (row stride n) times the F32 router rw [n_expert rows
  * of n], then ids and w as strata_k_moe_route (same results for the same logits).
@@ -426,11 +438,13 @@ int strata_k_moe_route(struct strata_gpu_ctx *ctx, const float *logits, int n_to
  * fn (or NULL): x is the residual row, normed first (ffn_norm) with fn->w and fn->eps,
  * the normed rows written to fn->y / fn->yq; logits, y and yq are bitwise those of
  * strata_k_quantize_q8 followed by this kernel on its float rows (n % 32 == 0, all
- * pointers 16-byte aligned; else STRATA_E_INVALID). */
+ * pointers 16-byte aligned; else STRATA_E_INVALID).  hr (or NULL): n_tok 1 only, the
+ * results for the host as strata_k_host_route says (xn 16-byte aligned). */
 int strata_k_moe_router_topk(struct strata_gpu_ctx *ctx, const struct strata_k_weight *rw,
                              const float *x, int n_tok, float *logits, int *counter, int k,
                              int norm, float scale, int32_t *ids, float *w,
-                             const struct strata_k_norm_q8 *fn, struct strata_err *err);
+                             const struct strata_k_norm_q8 *fn,
+                             const struct strata_k_host_route *hr, struct strata_err *err);
 
 /* out[t, :] = (add ? add[t, :] : 0) + sum_j w[t, j] * y[t * k + j, :], j in order.
  * y [n_tok * k, n], out/add [n_tok, n]; out may equal add. */

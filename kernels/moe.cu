@@ -50,18 +50,20 @@ __global__ void moe_route_kernel(const float *__restrict__ logits, int n_tok, in
 template <bool NORM>
 static __device__ __forceinline__ float router_step(int i, int n4, float4 xv, float4 wv,
                                                     float4 g, float sc, int gl, int n, int e,
-                                                    float *yt, uint8_t *qt, float s)
+                                                    float *yt, uint8_t *qt, float *hx, float s)
 {
     const int act = i < n4;
+    const int own = act && (i / 8) % (int)gridDim.x == e;
     if (NORM) {
         float v[4] = {xv.x * sc * g.x, xv.y * sc * g.y, xv.z * sc * g.z, xv.w * sc * g.w};
-        const int own = act && (i / 8) % (int)gridDim.x == e;
         if (qt)
             q8_store4(v, own, gl, i / 8, n, yt, qt);
         else if (yt && own)
             *(float4 *)(yt + 4 * i) = make_float4(v[0], v[1], v[2], v[3]);
         xv = make_float4(v[0], v[1], v[2], v[3]);
     }
+    if (hx && own) /* the host's copy of the experts' input */
+        *(float4 *)(hx + 4 * i) = xv;
     return act ? fma4(wv, xv, s) : s;
 }
 
@@ -70,7 +72,8 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
     moe_router_topk_kernel(const float *__restrict__ rw, const float *__restrict__ x, int n,
                            int n_tok, int n_expert, float *logits, int *counter, int k,
                            int norm, float scale, int32_t *__restrict__ ids,
-                           float *__restrict__ w, struct strata_k_norm_q8 rn)
+                           float *__restrict__ w, struct strata_k_norm_q8 rn,
+                           struct strata_k_host_route hr)
 {
     /* per token and warp: the warp's part of the sum of squares, then of the logit; the
      * block tree of strata_block_sum taken for every token at once (one barrier per
@@ -122,6 +125,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
             sc = rms_scale_of(ss, n, rn.eps);
         }
         float *yt = NORM && rn.y ? rn.y + (int64_t)t * n : NULL;
+        float *hx = hr.ids ? hr.xn : NULL; /* n_tok 1 */
         uint8_t *qt = NORM && rn.yq ? (uint8_t *)rn.yq + (size_t)t * mvq_q8_row(n) : NULL;
         float s = 0.0f;
 #pragma unroll
@@ -129,12 +133,12 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
             const int i = threadIdx.x + j * blockDim.x;
             if (lane0 + j * (int)blockDim.x < n4)
                 s = router_step<NORM>(i, n4, t == 0 ? x0[j] : i < n4 ? xr[i] : z, pre[j],
-                                      gpre[NORM ? j : 0], sc, gl, n, e, yt, qt, s);
+                                      gpre[NORM ? j : 0], sc, gl, n, e, yt, qt, hx, s);
         }
         for (int j = ROUTER_PRE; lane0 + j * (int)blockDim.x < n4; j++) {
             const int i = threadIdx.x + j * blockDim.x, act = i < n4;
             s = router_step<NORM>(i, n4, act ? xr[i] : z, act ? wr[i] : z,
-                                  NORM && act ? gw[i] : z, sc, gl, n, e, yt, qt, s);
+                                  NORM && act ? gw[i] : z, sc, gl, n, e, yt, qt, hx, s);
         }
         s = strata_warp_sum(s);
         if (lane == 0)
@@ -148,6 +152,8 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
         logits[(int64_t)threadIdx.x * n_expert + e] = s;
     }
     __threadfence();
+    if (hr.ids)
+        __threadfence_system(); /* this block's part of xn before the count */
     __syncthreads();
     if (threadIdx.x == 0)
         last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
@@ -162,6 +168,18 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
             p[wid][i] = lr[i];
         route_warp(p[wid], n_expert, k, norm, scale, ids + (int64_t)t * k, w + (int64_t)t * k);
     }
+    if (hr.ids) {
+        /* the ids, then (every block's xn before its count, these before the barrier) the
+         * flag */
+        if (wid == 0 && lane < k)
+            hr.ids[lane] = ids[lane];
+        __threadfence_system();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            __threadfence_system();
+            *(volatile unsigned *)hr.flag = hr.seq;
+        }
+    }
     if (threadIdx.x == 0)
         *counter = 0;
 }
@@ -169,7 +187,8 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
 int strata_k_moe_router_topk(struct strata_gpu_ctx *ctx, const struct strata_k_weight *rw,
                              const float *x, int n_tok, float *logits, int *counter, int k,
                              int norm, float scale, int32_t *ids, float *w,
-                             const struct strata_k_norm_q8 *fn, struct strata_err *err)
+                             const struct strata_k_norm_q8 *fn,
+                             const struct strata_k_host_route *hr, struct strata_err *err)
 {
     int n = (int)rw->ne0, n_expert = (int)rw->ne1;
     if (rw->type != 0 /* F32 */ || rw->ne0 % 4 || rw->ne0 > INT32_MAX ||
@@ -188,13 +207,20 @@ int strata_k_moe_router_topk(struct strata_gpu_ctx *ctx, const struct strata_k_w
                                 "moe_router_topk: the fused RMSNorm needs n %% 32 == 0 (n=%d), "
                                 "16-byte aligned weights and rows, and outputs apart from x", n);
     }
+    const struct strata_k_host_route no_host = {NULL, NULL, NULL, 0};
+    if (hr && (n_tok != 1 || !hr->ids || !hr->flag || ((uintptr_t)hr->xn & 15)))
+        return strata_k_err(err, STRATA_E_INVALID,
+                            "moe_router_topk: results for the host need one token, ids, a flag "
+                            "and a 16-byte aligned row (n_tok=%d)", n_tok);
     dim3 grid((unsigned)n_expert), block(ROUTER_THREADS);
     if (fn)
         strata_k_launch(ctx, moe_router_topk_kernel<true>, grid, block, (const float *)rw->data,
-                        x, n, n_tok, n_expert, logits, counter, k, norm, scale, ids, w, *fn);
+                        x, n, n_tok, n_expert, logits, counter, k, norm, scale, ids, w, *fn,
+                        hr ? *hr : no_host);
     else
         strata_k_launch(ctx, moe_router_topk_kernel<false>, grid, block, (const float *)rw->data,
-                        x, n, n_tok, n_expert, logits, counter, k, norm, scale, ids, w, none);
+                        x, n, n_tok, n_expert, logits, counter, k, norm, scale, ids, w, none,
+                        hr ? *hr : no_host);
     return strata_k_check(ctx, "moe_router_topk_kernel", grid, block, err,
                           "n=%d n_expert=%d n_tok=%d k=%d norm=%d", n, n_expert, n_tok, k,
                           fn != NULL);

@@ -862,7 +862,7 @@ static int c_router_topk(int dev, int arg, char *shapes, size_t sc, char *msg, s
     if (!s.rc) {
         struct strata_err err = {0, ""};
         int rc = strata_k_moe_router_topk(&s.ctx, &rw.kw, dx, n_tok, dl, dc, k, 1, 1.0f, di, dw,
-                                          NULL, &err);
+                                          NULL, NULL, &err);
         st_launched(&s, "moe_router_topk", rc, &err, dw, 4 * n_tok * k);
     }
     st_down(&s, lg, dl, sizeof(float) * n_expert * n_tok);
@@ -931,7 +931,7 @@ static int c_router_norm(int dev, int arg, char *shapes, size_t sc, char *msg, s
         int rc = v ? 0 : strata_k_quantize_q8(&s.ctx, dx, n, n, n_tok, 1, dnw, 1e-6f, dy, dq, &err);
         if (!rc)
             rc = strata_k_moe_router_topk(&s.ctx, &rw.kw, v ? dx : dy, n_tok, dl, dc, k, 1, 1.0f,
-                                          di, dw, v ? &fn : NULL, &err);
+                                          di, dw, v ? &fn : NULL, NULL, &err);
         st_launched(&s, v ? "moe_router_topk (ffn_norm fused)" : "quantize_q8 + moe_router_topk",
                     rc, &err, dw, 4 * nk);
         st_down(&s, y[v], dy, 4 * nx);

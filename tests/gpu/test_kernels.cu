@@ -941,7 +941,7 @@ static void test_router_topk(int n_tok, int n_expert, int n, int k, int norm)
         kt_poison(dl, sizeof(float) * n_tok * n_expert);
         kt_poison(di, sizeof(int32_t) * n_tok * k);
         rc = strata_k_moe_router_topk(&ctx, &kw, dx, n_tok, dl, dc, k, norm, 0.5f, di, dwt, NULL,
-                                      &err);
+                                      NULL, &err);
     }
     KT_CUDA(cudaDeviceSynchronize());
     kt_down(got, dl, sizeof(float) * n_tok * n_expert);
@@ -949,7 +949,7 @@ static void test_router_topk(int n_tok, int n_expert, int n, int k, int norm)
     float *one = (float *)malloc(sizeof(float) * n_expert);
     if (!rc)
         rc = strata_k_moe_router_topk(&ctx, &kw, dx + (size_t)(n_tok - 1) * n, 1, dl, dc, k,
-                                      norm, 0.5f, di2, dwt2, NULL, &err);
+                                      norm, 0.5f, di2, dwt2, NULL, NULL, &err);
     KT_CUDA(cudaDeviceSynchronize());
     kt_down(one, dl, sizeof(float) * n_expert);
     int inv = !rc && memcmp(one, got + (size_t)(n_tok - 1) * n_expert,
@@ -1005,7 +1005,8 @@ static void test_router_ties(int zero_x)
     KT_CUDA(cudaMemset(dc, 0, sizeof(int)));
     struct strata_k_weight kw = {STRATA_TYPE_F32, n, n_expert, 4 * (size_t)n, 0, dw};
     kt_poison(di, sizeof(int32_t) * k);
-    int rc = strata_k_moe_router_topk(&ctx, &kw, dx, 1, dl, dc, k, 1, 0.5f, di, dwt, NULL, &err);
+    int rc = strata_k_moe_router_topk(&ctx, &kw, dx, 1, dl, dc, k, 1, 0.5f, di, dwt, NULL, NULL,
+                                      &err);
     if (!rc)
         rc = strata_k_moe_route(&ctx, dl, 1, n_expert, k, 1, 0.5f, di2, dwt2, &err);
     KT_CUDA(cudaDeviceSynchronize());
@@ -1033,6 +1034,67 @@ static void test_router_ties(int zero_x)
     cudaFree(dw); cudaFree(dx); cudaFree(dl); cudaFree(dwt); cudaFree(dwt2); cudaFree(di);
     cudaFree(di2); cudaFree(dc);
     free(w); free(x);
+}
+
+/* The router's results for the host (strata_k_host_route): the ids and the normed row in
+ * pinned host memory equal the device's, the flag holds seq; a second launch with the
+ * next seq rewrites them; two tokens are refused. */
+static void test_router_host(void)
+{
+    struct strata_err err = {0, ""};
+    const int n_expert = 128, n = 2048, k = 8;
+    float *w = (float *)malloc(sizeof(float) * n_expert * n), *x = (float *)malloc(sizeof(float) * 2 * n);
+    float *nw = (float *)malloc(sizeof(float) * n);
+    kt_fill(w, (size_t)n_expert * n, 0.05f);
+    kt_fill(x, (size_t)2 * n, 3.0f);
+    kt_fill(nw, n, 1.0f);
+    float *dw = (float *)kt_up(w, sizeof(float) * n_expert * n), *dx = (float *)kt_up(x, sizeof(float) * 2 * n);
+    float *dnw = (float *)kt_up(nw, sizeof(float) * n), *dy = (float *)kt_dev(sizeof(float) * n);
+    float *dl = (float *)kt_dev(sizeof(float) * 2 * n_expert), *dwt = (float *)kt_dev(sizeof(float) * 2 * k);
+    int32_t *di = (int32_t *)kt_dev(sizeof(int32_t) * 2 * k);
+    void *dq = kt_dev(strata_k_q8_row_bytes(n));
+    int *dc = (int *)kt_dev(sizeof(int));
+    KT_CUDA(cudaMemset(dc, 0, sizeof(int)));
+    int32_t *hi = NULL;
+    float *hx = NULL;
+    unsigned *hf = NULL;
+    KT_CUDA(cudaMallocHost((void **)&hi, sizeof(int32_t) * k));
+    KT_CUDA(cudaMallocHost((void **)&hx, sizeof(float) * n));
+    KT_CUDA(cudaMallocHost((void **)&hf, sizeof(unsigned)));
+    void *pi = NULL, *px = NULL, *pf = NULL;
+    KT_CUDA(cudaHostGetDevicePointer(&pi, hi, 0));
+    KT_CUDA(cudaHostGetDevicePointer(&px, hx, 0));
+    KT_CUDA(cudaHostGetDevicePointer(&pf, hf, 0));
+    struct strata_k_weight kw = {STRATA_TYPE_F32, n, n_expert, 4 * (size_t)n, 0, dw};
+    struct strata_k_norm_q8 fn = {dnw, 1e-6f, dy, dq};
+    int good = 1, rc = 0;
+    for (int t = 0; t < 2 && !rc; t++) {
+        struct strata_k_host_route hr = {(int32_t *)pi, (float *)px, (unsigned *)pf, 7u + t};
+        memset(hi, 0xff, sizeof(int32_t) * k);
+        memset(hx, 0xff, sizeof(float) * n);
+        *hf = 0;
+        rc = strata_k_moe_router_topk(&ctx, &kw, dx + (size_t)t * n, 1, dl, dc, k, 1, 1.0f, di,
+                                      dwt, &fn, &hr, &err);
+        KT_CUDA(cudaDeviceSynchronize());
+        int32_t gi[8];
+        float *gy = (float *)malloc(sizeof(float) * n);
+        kt_down(gi, di, sizeof gi);
+        kt_down(gy, dy, sizeof(float) * n);
+        good &= !rc && *hf == 7u + t && !memcmp(hi, gi, sizeof gi) &&
+                !memcmp(hx, gy, sizeof(float) * n);
+        free(gy);
+    }
+    struct strata_k_host_route hr2 = {(int32_t *)pi, (float *)px, (unsigned *)pf, 9u};
+    struct strata_err err2 = {0, ""};
+    int refused = strata_k_moe_router_topk(&ctx, &kw, dx, 2, dl, dc, k, 1, 1.0f, di, dwt, &fn,
+                                           &hr2, &err2) == STRATA_E_INVALID;
+    ok(good && refused, "moe_router_topk with results for the host: ids, normed row and flag "
+       "%s, two tokens %s %s", good ? "the device's" : "differ", refused ? "refused" : "taken",
+       rc ? err.msg : "");
+    cudaFreeHost(hi); cudaFreeHost(hx); cudaFreeHost(hf);
+    cudaFree(dw); cudaFree(dx); cudaFree(dnw); cudaFree(dy); cudaFree(dl); cudaFree(dwt);
+    cudaFree(di); cudaFree(dq); cudaFree(dc);
+    free(w); free(x); free(nw);
 }
 
 /* The router with the ffn_norm in its launch (strata_k_norm_q8) against quantize_q8
@@ -1077,7 +1139,7 @@ static void test_router_norm(int n_tok, int n_expert, int n, int k, int q8)
             rc = strata_k_quantize_q8(&ctx, dx, n, n, n_tok, 1, dnw, 1e-6f, dy, dq, &err);
         if (!rc)
             rc = strata_k_moe_router_topk(&ctx, &kw, (v ? dx : dy) + (size_t)t0 * n, nt, dl, dc, k,
-                                          1, 1.0f, di, dwt, v ? &fn : NULL, &err);
+                                          1, 1.0f, di, dwt, v ? &fn : NULL, NULL, &err);
         KT_CUDA(cudaDeviceSynchronize());
         kt_down(y[v], dy, 4 * nx);
         kt_down(q[v], dq, rb * n_tok);
@@ -1124,6 +1186,7 @@ static void test_q8(void)
     test_router_topk(5, 128, 4352, 8, 1); /* rows longer than the loads before the wait */
     test_router_ties(0);
     test_router_ties(1);
+    test_router_host();
     test_router_norm(1, 128, 2048, 8, 1);   /* Qwen3-30B-A3B's decode */
     test_router_norm(17, 128, 2048, 8, 1);  /* a verify window */
     test_router_norm(2, 24, 4640, 4, 1);    /* past the loads before the wait; 145 q8 blocks */
@@ -1134,7 +1197,7 @@ static void test_q8(void)
         struct strata_err err = {0, ""};
         struct strata_k_weight kw = {STRATA_TYPE_F32, 64, 8, 256, 0, NULL};
         int rc = strata_k_moe_router_topk(&ctx, &kw, NULL, 65, NULL, NULL, 2, 1, 1.0f, NULL,
-                                          NULL, NULL, &err);
+                                          NULL, NULL, NULL, &err);
         ok(rc == STRATA_E_INVALID, "moe_router_topk refuses 65 tokens: %s", err.msg);
     }
     test_quantize_q8(2048, 3, 1, 1);
