@@ -1530,11 +1530,12 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
             const struct strata_hparams *hp = &s->m->hp;
             int k = s->n_used, rows = n * k;
             float wscale = hp->expert_weights_scale > 0 ? hp->expert_weights_scale : 1.0f;
+            /* a host-planned one-token layer: the router leaves the ids and the experts'
+             * input in host memory too (strata_gpu_ec_host_route) */
+            const struct strata_k_host_route *hr =
+                route1 && s->xc && n == 1 && !s->tab_now ? strata_gpu_ec_host_route(s->xc)
+                                                         : NULL;
             if (route1) {
-                /* a host-planned one-token layer: the router leaves the ids and the
-                 * experts' input in host memory too (strata_gpu_ec_host_route) */
-                const struct strata_k_host_route *hr =
-                    s->xc && n == 1 && !s->tab_now ? strata_gpu_ec_host_route(s->xc) : NULL;
                 if (OP(norm_in_router ? "ffn_norm_router_topk" : "moe_router_topk",
                        strata_k_moe_router_topk(&s->ctx, &D->gate_inp,
                                                 norm_in_router ? s->x : s->xn, n, s->router,
@@ -1566,7 +1567,7 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                  * for the kernels below (done = 0) */
                 struct strata_gpu_ec_io io = {s->xn, s->eids, s->act, s->eout, s->perm, s->tiles,
                                               s->n_tiles, s->xq, s->actq, s->mmh,
-                                              s->mmh_cap};
+                                              s->mmh_cap, hr};
                 if (OP("moe_experts", strata_gpu_ec_moe(s->xc, il, n, &io, &done, err)))
                     goto fail;
             }

@@ -7,9 +7,15 @@
  *     compute stream waits on it before the layer's expert kernels, so a hit on a slot
  *     whose copy is still in flight (a prefetch, a re-balance) is safe;
  *   - a slot is overwritten only when it is unpinned: the lookup of a layer happens
- *     after the compute stream synchronised at that layer's routing, so every earlier
- *     layer's kernels are done, and the current layer's slots are pinned until its plan
- *     is released (after the prefetch of the next layer was issued);
+ *     after the compute stream synchronised at that layer's routing, or after that
+ *     layer's router wrote its flag for the host (strata_gpu_ec_host_route: the router
+ *     writes it after its programmatic-dependent-launch wait, so every operation queued
+ *     before it has finished), so every earlier layer's kernels are done, and the
+ *     current layer's slots are pinned until its plan is released (after the prefetch
+ *     of the next layer was issued);
+ *   - for the same reason the pinned buffers the host plans in (h_ids, h_xn, the arena
+ *     the uploads read from, h_cpu) are written again only after the operations that
+ *     read them;
  *   - staging buffers are reused inside a batch only after the compute stream passed
  *     the kernels that read them (ev_round, waited on by the copy stream).  With two
  *     halves of staging (stage_db), round r + 1 copies into one half while round r
@@ -316,10 +322,10 @@ struct strata_gpu_ec {
     /* host buffers (pinned) */
     int32_t *h_ids, *h_arena;
     /* the router's results for the host (strata_gpu_ec_host_route): hr's device addresses
-     * of h_ids, h_xn and h_flag; hr_on: allowed; hr_armed: the next layer's router writes */
+     * of h_ids, h_xn and h_flag; hr_on: allowed */
     struct strata_k_host_route hr;
     unsigned *h_flag;
-    int hr_on, hr_armed;
+    int hr_on;
     size_t arena_cap, arena_used;
     float *h_xn, *h_cpu, *h_rnext;
     float *cx;                  /* CPU scratch: [n_ub, E] gathered inputs */
@@ -1067,10 +1073,7 @@ static int boost_max(struct strata_gpu_ec *gx)
 
 const struct strata_k_host_route *strata_gpu_ec_host_route(struct strata_gpu_ec *gx)
 {
-    if (!gx)
-        return NULL;
-    gx->hr_armed = gx->hr_on && !gx->cfg.prefetch;
-    if (!gx->hr_armed)
+    if (!gx || !gx->hr_on || gx->cfg.prefetch)
         return NULL;
     if (!++gx->hr.seq) /* never 0, the flag's first value */
         gx->hr.seq = 1;
@@ -2247,11 +2250,10 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
     }
     /* the router left the ids and the experts' input for the host (n == 1), or they come
      * back by copies */
-    const int armed = gx->hr_armed;
-    gx->hr_armed = 0;
-    if (armed && (n != 1 || prefetch))
-        return strata_k_err(err, STRATA_E_INTERNAL, "expert cache: the router wrote for the "
-                            "host in a batch of %d tokens", n);
+    const int armed = io->hr != NULL;
+    if (armed && (io->hr != &gx->hr || n != 1 || prefetch))
+        return strata_k_err(err, STRATA_E_INTERNAL, "expert cache: a router's results for the "
+                            "host that are not this cache's, or in a batch of %d tokens", n);
     if (!armed &&
         (rc = call(gx, cudaMemcpyAsync(gx->h_ids, io->eids, 4 * (size_t)A, cudaMemcpyDeviceToHost,
                                        st), "copy of the routed ids", err)))

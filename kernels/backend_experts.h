@@ -67,14 +67,19 @@ struct strata_gpu_ec_io {
     __half *xh;           /* f16 scratch of xh_cap halves for the mat-mat products
                              (strata_k_mm_args.xh), or NULL */
     size_t xh_cap;
+    /* the router of this batch (one token) was launched with strata_gpu_ec_host_route's
+     * result, which this is, and left its routing in host memory; or NULL */
+    const struct strata_k_host_route *hr;
 };
 
 /* Where the router of a one-token host-planned layer (n == 1, not a graph step) leaves
- * the ids and the experts' input row for the host (strata_k_moe_router_topk's hr),
- * armed for the next strata_gpu_ec_moe, which then waits for its flag instead of
- * copying them back and synchronising the stream; NULL (nothing armed) when the
- * backend is not CUDA, when the host-planned step also prefetches (its router's logits
- * come back by a copy), or with STRATA_EC_HOST_ROUTE=0.  Owned by gx. */
+ * the ids and the experts' input row for the host (strata_k_moe_router_topk's hr), with
+ * a new sequence number for its flag; the caller passes the same pointer in
+ * strata_gpu_ec_io.hr of that layer, whose strata_gpu_ec_moe then waits for the flag
+ * instead of copying them back and synchronising the stream.  NULL when the backend is
+ * not CUDA, when the pinned buffers have no device address, when host-planned steps
+ * prefetch (their router's logits come back by a copy), or with STRATA_EC_HOST_ROUTE=0.
+ * Owned by gx. */
 const struct strata_k_host_route *strata_gpu_ec_host_route(struct strata_gpu_ec *gx);
 
 /* The routed experts of layer il for a batch of n tokens: downloads the routed ids

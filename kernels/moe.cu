@@ -42,7 +42,12 @@ __global__ void moe_route_kernel(const float *__restrict__ logits, int n_tok, in
  * two-launch path bitwise.  The eight lanes that hold a 32-value block of the normed row
  * (float4s 8m .. 8m + 7) also write it as floats (rn.y) and q8 (rn.yq, rows of
  * mvq_q8_row(n) bytes) in the one block that owns it (block m mod the grid), for the
- * experts' products that follow: one launch fewer per layer. */
+ * experts' products that follow: one launch fewer per layer.
+ *
+ * hr.ids (one token): the owning blocks also store their blocks of the experts' input
+ * row (normed or not) to hr.xn in host memory and fence them to system scope before the
+ * count; the last block stores the ids to hr.ids, fences, and thread 0 writes hr.seq to
+ * hr.flag: a host that sees the flag sees both. */
 
 /* One float4 i (of n4) of a token's row: s + the router row's wv . xv (xv normed first
  * when NORM: scale sc, norm weights g; its q8 block written by the block that owns it).
