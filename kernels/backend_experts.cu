@@ -1071,41 +1071,6 @@ static int boost_max(struct strata_gpu_ec *gx)
 
 /* ---- decode steps as one graph: experts read through a table ---- */
 
-const struct strata_k_host_route *strata_gpu_ec_host_route(struct strata_gpu_ec *gx)
-{
-    if (!gx || !gx->hr_on || gx->cfg.prefetch)
-        return NULL;
-    if (!++gx->hr.seq) /* never 0, the flag's first value */
-        gx->hr.seq = 1;
-    return &gx->hr;
-}
-
-/* Until this layer's router wrote the flag (strata_gpu_ec_host_route): its ids and the
- * experts' input row are then in host memory.  Every 256 polls asks the stream: a fault
- * is an error, and so is a stream that went idle without the flag. */
-static int wait_host_route(struct strata_gpu_ec *gx, struct strata_err *err)
-{
-    const unsigned seq = gx->hr.seq;
-    for (unsigned i = 1;; i++) {
-        if (__atomic_load_n(gx->h_flag, __ATOMIC_ACQUIRE) == seq)
-            return 0;
-        if (i % 256)
-            continue;
-        cudaError_t e = cudaStreamQuery(gx->ctx->stream);
-        if (e == cudaErrorNotReady) {
-            (void)cudaGetLastError();
-            continue;
-        }
-        if (e != cudaSuccess)
-            return call(gx, e, "forward pass before the routed experts (asynchronous error)",
-                        err);
-        if (__atomic_load_n(gx->h_flag, __ATOMIC_ACQUIRE) == seq)
-            return 0;
-        return strata_k_err(err, STRATA_E_INTERNAL, "the router's launch ended without "
-                            "leaving the routed ids for the host");
-    }
-}
-
 /* Rebuild the expert table from the cache (RESIDENT slots, the host bytes for every
  * other expert) and upload it on the compute stream when it changed.  Before a step,
  * with the device idle: nothing reads the old table any more. */
@@ -2206,10 +2171,78 @@ static int op_cpu(void *ctx, int il, int ie, int n_tok, struct strata_err *err)
     return 0;
 }
 
+const struct strata_k_host_route *strata_gpu_ec_host_route(struct strata_gpu_ec *gx)
+{
+    if (!gx || !gx->hr_on || gx->cfg.prefetch)
+        return NULL;
+    if (!++gx->hr.seq) /* never 0, the flag's first value */
+        gx->hr.seq = 1;
+    return &gx->hr;
+}
+
+/* Until this layer's router wrote the flag (strata_gpu_ec_host_route): its ids and the
+ * experts' input row are then in host memory.  Every 256 polls asks the stream: a fault
+ * is an error, and so is a stream that went idle without the flag. */
+static int wait_host_route(struct strata_gpu_ec *gx, struct strata_err *err)
+{
+    const unsigned seq = gx->hr.seq;
+    for (unsigned i = 1;; i++) {
+        if (__atomic_load_n(gx->h_flag, __ATOMIC_ACQUIRE) == seq)
+            return 0;
+        if (i % 256)
+            continue;
+        cudaError_t e = cudaStreamQuery(gx->ctx->stream);
+        if (e == cudaErrorNotReady) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        if (e != cudaSuccess)
+            return call(gx, e, "forward pass before the routed experts (asynchronous error)",
+                        err);
+        if (__atomic_load_n(gx->h_flag, __ATOMIC_ACQUIRE) == seq)
+            return 0;
+        return strata_k_err(err, STRATA_E_INTERNAL, "the router's launch ended without "
+                            "leaving the routed ids for the host");
+    }
+}
+
+/* Copies of MoE layer nx's likely experts (the router's logits in h_rnext) into the
+ * slots strata_ec_prefetch picks. */
+static int prefetch_next(struct strata_gpu_ec *gx, int nx, struct strata_err *err)
+{
+    int32_t cand[64], ie[64], slot[64];
+    int rc = 0;
+    int nc = strata_ec_predict(gx->h_rnext, gx->X, gx->K < 64 ? gx->K : 64, cand);
+    int np = strata_ec_prefetch(gx->ec, nx, cand, nc, ie, slot);
+    for (int i = 0; i < np && !rc; i++)
+        rc = fill_slot(gx, nx, ie[i], slot[i], err);
+    if (!rc && np)
+        rc = call(gx, cudaEventRecord(gx->ev_copy, gx->copy), "cudaEventRecord", err);
+    return rc;
+}
+
+/* The routed ids (and the CPU experts' inputs) to the host, on the compute stream. */
+static int ids_back(struct strata_gpu_ec *gx, const struct strata_gpu_ec_io *io, int n,
+                    struct strata_err *err)
+{
+    cudaStream_t st = gx->ctx->stream;
+    int rc;
+    if ((rc = call(gx, cudaMemcpyAsync(gx->h_ids, io->eids, 4 * (size_t)n * gx->K,
+                                       cudaMemcpyDeviceToHost, st), "copy of the routed ids",
+                   err)))
+        return rc;
+    if (gx->cpu_possible && n <= gx->mv_max &&
+        (rc = call(gx, cudaMemcpyAsync(gx->h_xn, io->xn, 4 * (size_t)n * gx->E,
+                                       cudaMemcpyDeviceToHost, st),
+                   "copy of the expert inputs", err)))
+        return rc;
+    return 0;
+}
+
 int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct strata_gpu_ec_io *io,
                       int *done, struct strata_err *err)
 {
-    const int A = n * gx->K, K = gx->K;
+    const int A = n * gx->K;
     cudaStream_t st = gx->ctx->stream;
     struct strata_ec_plan p;
     int rc = 0, nx = gx->next_moe[il], rows_cpu = 0, n_rounds = 1;
@@ -2254,14 +2287,7 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
     if (armed && (io->hr != &gx->hr || n != 1 || prefetch))
         return strata_k_err(err, STRATA_E_INTERNAL, "expert cache: a router's results for the "
                             "host that are not this cache's, or in a batch of %d tokens", n);
-    if (!armed &&
-        (rc = call(gx, cudaMemcpyAsync(gx->h_ids, io->eids, 4 * (size_t)A, cudaMemcpyDeviceToHost,
-                                       st), "copy of the routed ids", err)))
-        return rc;
-    if (!armed && gx->cpu_possible && n <= gx->mv_max &&
-        (rc = call(gx, cudaMemcpyAsync(gx->h_xn, io->xn, 4 * (size_t)n * gx->E,
-                                       cudaMemcpyDeviceToHost, st),
-                   "copy of the expert inputs", err)))
+    if (!armed && (rc = ids_back(gx, io, n, err)))
         return rc;
     double t0 = now_s();
     if ((rc = armed ? wait_host_route(gx, err)
@@ -2373,17 +2399,8 @@ int strata_gpu_ec_moe(struct strata_gpu_ec *gx, int il, int n, const struct stra
     }
     if (rc)
         goto out;
-    if (prefetch) {
-        int32_t cand[64], ie[64], slot[64];
-        int nc = strata_ec_predict(gx->h_rnext, gx->X, K < 64 ? K : 64, cand);
-        int np = strata_ec_prefetch(gx->ec, nx, cand, nc, ie, slot);
-        for (int i = 0; i < np && !rc; i++)
-            rc = fill_slot(gx, nx, ie[i], slot[i], err);
-        if (!rc && np)
-            rc = call(gx, cudaEventRecord(gx->ev_copy, gx->copy), "cudaEventRecord", err);
-        if (rc)
-            goto out;
-    }
+    if (prefetch && (rc = prefetch_next(gx, nx, err)))
+        goto out;
     if (no_admit)
         gx->boost = 1; /* the next mat-vec batch's re-balance takes the chunk's experts */
     if (tr)
