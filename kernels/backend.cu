@@ -488,6 +488,9 @@ static void gpu_free(void *state)
         return;
     if (s->prof && s->n_ops)
         prof_report(s);
+#if defined(STRATA_TIMELINE) && defined(STRATA_GPU_CUDA)
+    strata_tl_close();
+#endif
     if (s->step_traced) {
         static const char *const stage[7] = {"norm+qkv", "qk norm+rope", "attention",
                                              "attn_output", "norm+router", "top-k+gate/up",
@@ -885,6 +888,9 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         (rc = gpu_call(s, cudaStreamCreateWithFlags(&s->ctx.stream, cudaStreamNonBlocking),
                        "cudaStreamCreate", err)))
         goto out;
+#if defined(STRATA_TIMELINE) && defined(STRATA_GPU_CUDA)
+    strata_tl_open();
+#endif
     {
         s->ctx.sync_debug = strata_k_env_on("STRATA_SYNC_DEBUG");
         s->prof = strata_k_env_on("STRATA_GPU_PROFILE");
@@ -1669,11 +1675,18 @@ out:
     return rc;
 }
 
+#if defined(STRATA_TIMELINE) && defined(STRATA_GPU_CUDA)
+#define TL_HOST(i) (n == 1 ? strata_tl_host_mark(i) : (void)0)
+#else
+#define TL_HOST(i) ((void)0)
+#endif
+
 static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
                        struct strata_err *err)
 {
     struct gpu_state *s = (struct gpu_state *)state;
     int n = b->n_tok, rc = 0;
+    TL_HOST(0);
     int want = b->logits != STRATA_LOGITS_NONE, all = b->logits == STRATA_LOGITS_ALL;
     if (n <= 0 || n > s->n_ub || b->pos0 < 0 || b->pos0 + n > s->n_ctx)
         return strata_k_err(err, STRATA_E_INVALID, "gpu forward: bad batch n_tok=%d pos0=%d "
@@ -1733,6 +1746,7 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
         s->graph_off[n][rows_all] = 1;
         graphable = 0;
     }
+    TL_HOST(1);
     if (graphable)
         rc = gpu_call(s, cudaGraphLaunch(s->graph_exec[n][rows_all], st),
                       n == 1 ? "cudaGraphLaunch (decode step)" : "cudaGraphLaunch (verify window)",
@@ -1746,6 +1760,7 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
         (void)cudaGetLastError();
         return rc;
     }
+    TL_HOST(2);
     size_t rows = all ? (size_t)n : 1;
     const int amax = b->logits == STRATA_LOGITS_ARGMAX, topk = b->logits == STRATA_LOGITS_TOPK;
     const int k = topk ? b->top_k : 0;
@@ -1773,10 +1788,12 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
                                                          cudaMemcpyDeviceToHost, st),
                                        "copy of the logits", err)))
         return rc;
+    TL_HOST(3);
     if ((rc = gpu_call(s, cudaStreamSynchronize(st), "forward pass (asynchronous error; run with "
                                                      "STRATA_SYNC_DEBUG=1 to find the kernel)",
                        err)))
         return rc;
+    TL_HOST(4);
     if (amax) {
         int32_t id;
         memcpy(&id, s->h_logits, 4);
@@ -1793,6 +1810,7 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
         memcpy(logits, s->h_logits, 8 * (size_t)k + (b->lse ? 8 : 0));
     } else if (want && rows == 1)
         memcpy(logits, s->h_logits, 4 * (size_t)s->n_vocab);
+    TL_HOST(5);
     if (s->prof)
         prof_collect(s);
     if (n == 1 && s->step_blocks > 0 && s->step.trace) {

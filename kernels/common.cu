@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dequant.cuh"
 
@@ -160,3 +161,116 @@ int strata_k_switch_off(const char *name, int *cache)
         *cache = strata_k_env_on(name);
     return *cache;
 }
+
+#if defined(STRATA_TIMELINE) && defined(STRATA_GPU_CUDA)
+/* Timeline builds: see gpu.h and kernels.h. */
+enum { TL_SETTERS = 64, TL_HOST = 8192, TL_CAP = 1 << 21 };
+static void (*tl_setters[TL_SETTERS])(void *, void *, unsigned long long);
+static int tl_n_setters;
+static struct { const void *k; dim3 grid, block; } tl_host[TL_HOST];
+static int tl_n_host;
+static struct strata_tl_rec *tl_dev;
+static unsigned long long *tl_dev_seq;
+
+extern "C" void strata_tl_register(void (*set)(void *buf, void *seq, unsigned long long cap))
+{
+    if (tl_n_setters < TL_SETTERS)
+        tl_setters[tl_n_setters++] = set;
+}
+
+extern "C" void strata_tl_host_launch(const void *k, dim3 grid, dim3 block)
+{
+    if (tl_dev && tl_n_host < TL_HOST) {
+        tl_host[tl_n_host].k = k;
+        tl_host[tl_n_host].grid = grid;
+        tl_host[tl_n_host].block = block;
+        tl_n_host++;
+    }
+}
+
+enum { TL_MARKS = 8 };
+static double tl_m_prev, tl_m_sum[TL_MARKS + 1];
+static long tl_m_n[TL_MARKS + 1];
+static int tl_m_last = -1;
+
+extern "C" void strata_tl_host_mark(int i)
+{
+    if (!tl_dev || i < 0 || i >= TL_MARKS)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    const double t = ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
+    /* slot i: from the mark before to mark i; slot TL_MARKS: from the last mark of a
+     * call to the next call's entry (the caller's own time) */
+    const int slot = i == 0 ? TL_MARKS : i;
+    if (tl_m_last >= 0) {
+        tl_m_sum[slot] += t - tl_m_prev;
+        tl_m_n[slot]++;
+    }
+    tl_m_prev = t;
+    tl_m_last = i;
+}
+
+extern "C" void strata_tl_open(void)
+{
+    if (tl_dev)
+        return;
+    if (cudaMalloc((void **)&tl_dev, sizeof(struct strata_tl_rec) * (size_t)TL_CAP) != cudaSuccess ||
+        cudaMalloc((void **)&tl_dev_seq, sizeof(unsigned long long)) != cudaSuccess ||
+        cudaMemset(tl_dev_seq, 0, sizeof(unsigned long long)) != cudaSuccess) {
+        fprintf(stderr, "timeline: no device buffer\n");
+        tl_dev = NULL;
+        return;
+    }
+    for (int i = 0; i < tl_n_setters; i++)
+        tl_setters[i](tl_dev, tl_dev_seq, TL_CAP);
+    fprintf(stderr, "timeline: recording (%d units)\n", tl_n_setters);
+}
+
+extern "C" void strata_tl_close(void)
+{
+    if (!tl_dev)
+        return;
+    unsigned long long n = 0;
+    (void)cudaDeviceSynchronize();
+    (void)cudaMemcpy(&n, tl_dev_seq, sizeof n, cudaMemcpyDeviceToHost);
+    if (n > TL_CAP)
+        n = TL_CAP;
+    struct strata_tl_rec *r = (struct strata_tl_rec *)malloc(sizeof(*r) * (n ? n : 1));
+    const char *path = getenv("STRATA_TIMELINE_FILE");
+    FILE *f = fopen(path && *path ? path : "timeline.csv", "w");
+    if (r && f && cudaMemcpy(r, tl_dev, sizeof(*r) * n, cudaMemcpyDeviceToHost) == cudaSuccess) {
+        for (int i = 0; i < tl_n_host; i++) {
+            const char *name = "?";
+            if (cudaFuncGetName(&name, tl_host[i].k) != cudaSuccess)
+                name = "?";
+            fprintf(f, "H,%d,%u,%u,%u,%u,%s\n", i, tl_host[i].grid.x, tl_host[i].grid.y,
+                    tl_host[i].grid.z,
+                    tl_host[i].block.x * tl_host[i].block.y * tl_host[i].block.z, name);
+        }
+        for (unsigned long long i = 0; i < n; i++)
+            fprintf(f, "D,%llu,%u,%u,%u,%u,%llu,%llu\n", i, r[i].grid[0], r[i].grid[1],
+                    r[i].grid[2], r[i].block, r[i].t_pre, r[i].t_wait);
+        fprintf(stderr, "timeline: %llu device records, %d host launches written\n", n,
+                tl_n_host);
+        for (int i = 1; i <= TL_MARKS; i++) {
+            if (!tl_m_n[i])
+                continue;
+            if (i == TL_MARKS)
+                fprintf(stderr, "timeline: host, the last mark to the next call: %.2f us (%ld)\n",
+                        tl_m_sum[i] / tl_m_n[i], tl_m_n[i]);
+            else
+                fprintf(stderr, "timeline: host, to mark %d: %.2f us (%ld)\n", i,
+                        tl_m_sum[i] / tl_m_n[i], tl_m_n[i]);
+            fprintf(f, "M,%d,%.3f,%ld\n", i, tl_m_sum[i] / tl_m_n[i], tl_m_n[i]);
+        }
+    }
+    (void)cudaGetLastError();
+    if (f)
+        fclose(f);
+    free(r);
+    (void)cudaFree(tl_dev);
+    (void)cudaFree(tl_dev_seq);
+    tl_dev = NULL;
+}
+#endif

@@ -226,14 +226,59 @@ static __device__ __forceinline__ int strata_dp4a(int a, int b, int c)
 #endif
 }
 
+#if defined(STRATA_TIMELINE) && defined(STRATA_GPU_CUDA)
+/* Timeline builds (make ... STRATA_TIMELINE=1; CUDA only, never a release): thread 0 of
+ * block 0 of every kernel that calls strata_pdl_wait() appends one record - %globaltimer
+ * just before the wait and just after it, the grid and the block size - to a device
+ * buffer that the backend sets up (strata_tl_open) and writes out when it is freed.  The
+ * record's index is taken before the wait, so the atomic's round trip overlaps it.
+ * Each translation unit has its own copy of the pointers; strata_tl_register collects
+ * their setters (kernels.h). */
+struct strata_tl_rec {
+    unsigned long long t_pre, t_wait;
+    unsigned grid[3], block;
+};
+static __device__ struct strata_tl_rec *strata_tl_buf;
+static __device__ unsigned long long *strata_tl_seq;
+static __device__ unsigned long long strata_tl_cap;
+extern "C" void strata_tl_register(void (*set)(void *buf, void *seq, unsigned long long cap));
+static void strata_tl_set_here(void *buf, void *seq, unsigned long long cap)
+{
+    (void)cudaMemcpyToSymbol(strata_tl_buf, &buf, sizeof buf);
+    (void)cudaMemcpyToSymbol(strata_tl_seq, &seq, sizeof seq);
+    (void)cudaMemcpyToSymbol(strata_tl_cap, &cap, sizeof cap);
+}
+static const int strata_tl_registered = (strata_tl_register(strata_tl_set_here), 0);
+#endif
+
 /* Programmatic dependent launch (NVIDIA sm_90+; strata_k_launch with ctx->pdl): a
  * kernel may be scheduled while the kernel before it on the stream still runs, and
  * strata_pdl_wait() blocks until that one has finished and its writes are visible;
  * strata_pdl_trigger() lets the next kernel be scheduled.  No-ops elsewhere. */
 static __device__ __forceinline__ void strata_pdl_wait(void)
 {
+#if defined(STRATA_TIMELINE) && defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__)
+    const bool tl = threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0 &&
+                    blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && strata_tl_buf;
+    unsigned long long tl_i = 0, tl_t0 = 0;
+    if (tl) {
+        tl_i = atomicAdd(strata_tl_seq, 1ull);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(tl_t0));
+    }
+#endif
 #if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#if defined(STRATA_TIMELINE) && defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__)
+    if (tl) {
+        unsigned long long t1;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+        if (tl_i < strata_tl_cap) {
+            struct strata_tl_rec r = {tl_t0, t1, {gridDim.x, gridDim.y, gridDim.z},
+                                      blockDim.x * blockDim.y * blockDim.z};
+            strata_tl_buf[tl_i] = r;
+        }
+    }
 #endif
 }
 

@@ -47,6 +47,20 @@ static inline cudaLaunchConfig_t strata_k_cfg(const struct strata_gpu_ctx *ctx, 
 }
 #endif
 
+#if defined(STRATA_TIMELINE) && defined(STRATA_GPU_CUDA)
+/* Timeline builds (gpu.h): the host's launches in order (kernel, grid, block), for
+ * naming the device's records; strata_tl_open allocates the device buffer and points
+ * every translation unit's copy at it (STRATA_TIMELINE_FILE, default timeline.csv, is
+ * where strata_tl_close writes both lists).  Both are no-ops after a failure. */
+extern "C" void strata_tl_host_launch(const void *k, dim3 grid, dim3 block);
+extern "C" void strata_tl_open(void);
+extern "C" void strata_tl_close(void);
+/* A host-side mark of a one-token forward call: 0 on entry, then 1, 2, ... in order;
+ * the time between consecutive marks (and from the last to the next call's 0) is summed
+ * and written out by strata_tl_close. */
+extern "C" void strata_tl_host_mark(int i);
+#endif
+
 /* Launch k on ctx->stream with smem bytes of dynamic shared memory.  With ctx->pdl
  * (CUDA, sm_90+) as a programmatic dependent launch: k may be scheduled while the
  * previous kernel finishes (hiding the launch latency of a chain of small decode
@@ -56,6 +70,9 @@ template <typename... P, typename... A>
 static inline void strata_k_launch_smem(const struct strata_gpu_ctx *ctx, void (*k)(P...),
                                         dim3 grid, dim3 block, size_t smem, A... args)
 {
+#if defined(STRATA_TIMELINE) && defined(STRATA_GPU_CUDA)
+    strata_tl_host_launch((const void *)k, grid, block);
+#endif
 #ifdef STRATA_GPU_CUDA
     if (ctx->pdl) {
         cudaLaunchAttribute at[1];

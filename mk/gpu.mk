@@ -35,6 +35,11 @@ ST_BREAK    := -DSTRATA_BREAK_KERNEL='"$(STRATA_BREAK_KERNEL)"' \
 NVCC_FLAGS  += $(ST_BREAK)
 HIPCC_FLAGS += $(ST_BREAK)
 endif
+# Measurement builds only: `make B=dir gpu-tests STRATA_TIMELINE=1` records when each
+# kernel's wait for the one before ends (kernels/gpu.h); never for a release.
+ifneq ($(STRATA_TIMELINE),)
+NVCC_FLAGS  += -DSTRATA_TIMELINE
+endif
 CUDA_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
                 -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS))
 HIP_OFFLOAD := $(foreach a,$(subst $(,), ,$(HIP_ARCH)),--offload-arch=$(a))

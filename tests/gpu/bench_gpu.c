@@ -3,7 +3,7 @@
  * empty kv cache, tg = T single-token decode steps from an empty kv cache.
  *
  *   bench_gpu [--shape S] [--layers N] [--ftype F] [--pp P] [--tg T] [--reps R]
- *             [--ab VAR[,VAR...]]
+ *             [--ab VAR[,VAR...]] [--argmax]
  *
  * Prints tokens/s (median of R runs) next to the bandwidth floor of decoding: the
  * bytes of weights one token reads (strata_model_active_bytes) over the device's
@@ -32,6 +32,11 @@ static int cmp_d(const void *a, const void *b)
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
+
+/* what each tg step asks for: the last row of logits (as llama-bench's tg, which copies
+ * them to the host every step), or only its argmax found on the device (--argmax: what
+ * greedy decoding needs) */
+static int tg_logits = STRATA_LOGITS_LAST;
 
 /* Open an engine on g, measure pp and tg (median of reps after a warm-up run), print
  * the figures (label: a variant's name, or ""), close it.  Returns 0 or 1. */
@@ -69,7 +74,9 @@ static int bench_one(struct strata_gguf *g, int pp, int tg, int reps, const char
             rc = strata_engine_rollback(e, 0, &err);
         a = now();
         for (int i = 0; i < tg && !rc; i++)
-            rc = strata_engine_eval(e, ids + pp + i, 1, STRATA_LOGITS_LAST, logits, &err);
+            rc = tg_logits == STRATA_LOGITS_ARGMAX
+                     ? strata_engine_eval_argmax(e, ids + pp + i, 1, (int32_t *)logits, &err)
+                     : strata_engine_eval(e, ids + pp + i, 1, STRATA_LOGITS_LAST, logits, &err);
         tt[r] = now() - a;
     }
     if (rc) {
@@ -83,8 +90,8 @@ static int bench_one(struct strata_gguf *g, int pp, int tg, int reps, const char
         printf("%sweights %.2f GB, active per token %.1f MB; device copy bandwidth %.2f TB/s\n",
                label, tot / 1e9, act / 1e6, bw / 1e12);
         printf("%spp%d: %.0f tok/s (%.2f ms)\n", label, pp, pp / pp_s, pp_s * 1e3);
-        printf("%stg%d: %.0f tok/s (%.3f ms/token); floor %.3f ms/token = %.0f tok/s\n", label,
-               tg, tg / tg_s, tg_s / tg * 1e3, act / bw * 1e3, bw / act);
+        printf("%stg%d%s: %.0f tok/s (%.3f ms/token); floor %.3f ms/token = %.0f tok/s\n", label,
+               tg, tg_logits == STRATA_LOGITS_ARGMAX ? " (argmax)" : "", tg / tg_s, tg_s / tg * 1e3, act / bw * 1e3, bw / act);
     }
     free(ids);
     free(logits);
@@ -107,6 +114,7 @@ int main(int argc, char **argv)
         else if (i + 1 < argc && !strcmp(argv[i], "--tg")) tg = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--ab")) ab = argv[++i];
+        else if (!strcmp(argv[i], "--argmax")) tg_logits = STRATA_LOGITS_ARGMAX;
     }
     struct strata_err err = {0, ""};
     struct strata_synth_opts so = {shape, layers, ftype, 42};
