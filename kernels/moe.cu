@@ -168,9 +168,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
     __threadfence();
     const int nw = min(nwarp, ROUTER_WARPS);
     for (int t = wid; wid < nw && t < n_tok; t += nw) {
-        const volatile float *lr = logits + (int64_t)t * n_expert;
-        for (int i = lane; i < n_expert; i += warpSize)
-            p[wid][i] = lr[i];
+        route_load_warp(logits + (int64_t)t * n_expert, n_expert, p[wid]);
         route_warp(p[wid], n_expert, k, norm, scale, ids + (int64_t)t * k, w + (int64_t)t * k);
     }
     if (hr.ids) {

@@ -85,6 +85,31 @@ static __device__ void route_warp_reg(const float *p, int n_expert, int k, int n
     }
 }
 
+/* A token's n_expert logits, written by other blocks or the kernel before, copied by one
+ * warp from src (read at L2, past this multiprocessor's L1) to dst (shared memory): lane l
+ * issues its loads of experts l, l + warpSize, ... together, then stores them, so the
+ * copy costs one round trip to L2 rather than one per expert a lane holds.  Lane l
+ * stores exactly the experts route_warp_reg's lane l reads back. */
+static __device__ __forceinline__ void route_load_warp(const float *src, int n_expert, float *dst)
+{
+    const int lane = threadIdx.x % warpSize;
+    if (n_expert <= ROUTE_REG * warpSize) {
+        float v[ROUTE_REG];
+#pragma unroll
+        for (int i = 0; i < ROUTE_REG; i++) {
+            const int e = lane + i * warpSize;
+            v[i] = e < n_expert ? strata_ldcg_f(src + e) : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < ROUTE_REG; i++)
+            if (lane + i * warpSize < n_expert)
+                dst[lane + i * warpSize] = v[i];
+        return;
+    }
+    for (int e = lane; e < n_expert; e += warpSize)
+        dst[e] = strata_ldcg_f(src + e);
+}
+
 /* The routing of one token by one warp: p (shared memory) holds its n_expert logits;
  * the softmax and k rounds of a warp argmax, shuffles only; ids [k] and w [k] out.  p
  * may be overwritten (more than ROUTE_REG * warpSize experts). */
