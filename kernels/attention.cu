@@ -295,14 +295,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_row_kernel(struct strata_k_a
 #pragma unroll
             for (int jd = 0; jd < DW; jd++)
                 acc[jd] = 0.0f;
-#pragma unroll 4
-            for (int z = 0; z < nzr; z++) {
-                const float f = sm.ps[r][z];
-                const float *sp = a.scratch + ((int64_t)z * n_rows_out + orow) * (hd + 2) + d0;
-#pragma unroll
-                for (int jd = 0; jd < DW; jd++)
-                    acc[jd] += att_ld(sp + jd) * f;
-            }
+            att_merge_values<DW>(a.scratch + orow * (hd + 2) + d0, n_rows_out * (hd + 2), nzr,
+                                 sm.ps[r], acc);
             if (merge) {
 #pragma unroll
                 for (int jd = 0; jd < DW; jd++) {

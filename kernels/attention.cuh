@@ -37,6 +37,33 @@ static __device__ __forceinline__ float att_ld(const float *p)
     return strata_ldcg_f(p);
 }
 
+/* The split merge's sums: acc[j] += the value j of split z (base + z * zstride + j) times
+ * ps[z], for z = 0 .. nz - 1 in order, with the loads of a batch of splits issued before
+ * their sums (one round trip to L2 a batch, not one every few splits); the same sums in
+ * the same order as one split at a time. */
+template <int N>
+static __device__ __forceinline__ void att_merge_values(const float *base, int64_t zstride,
+                                                        int nz, const float *ps, float *acc)
+{
+    constexpr int B = N >= 16 ? 2 : N >= 8 ? 4 : 8;
+    for (int z0 = 0; z0 < nz; z0 += B) {
+        float t[B][N];
+#pragma unroll
+        for (int u = 0; u < B; u++)
+#pragma unroll
+            for (int j = 0; j < N; j++)
+                t[u][j] = z0 + u < nz ? att_ld(base + (z0 + u) * zstride + j) : 0.0f;
+#pragma unroll
+        for (int u = 0; u < B; u++)
+            if (z0 + u < nz) {
+                const float f = ps[z0 + u];
+#pragma unroll
+                for (int j = 0; j < N; j++)
+                    acc[j] += t[u][j] * f;
+            }
+    }
+}
+
 /* Query values d .. d + 3 of the block's row ro (row ro of kv head g is token ro / n_gqa,
  * head g * n_gqa + ro % n_gqa), times a.scale; zeros past the last row. */
 static __device__ __forceinline__ float4 att_q4(const struct strata_k_attn_args &a, int ro,
@@ -279,14 +306,8 @@ static __device__ void attn_tile(const struct strata_k_attn_args &a, int bx, int
 #pragma unroll
             for (int jd = 0; jd < DPT; jd++)
                 acc[jd] = 0.0f;
-#pragma unroll 4
-            for (int z = 0; z < nzr; z++) {
-                const float f = ps[r][z];
-                const float *sp = a.scratch + ((int64_t)z * n_rows_out + orow) * (hd + 2) + d0;
-#pragma unroll
-                for (int jd = 0; jd < DPT; jd++)
-                    acc[jd] += att_ld(sp + jd) * f;
-            }
+            att_merge_values<DPT>(a.scratch + orow * (hd + 2) + d0, n_rows_out * (hd + 2), nzr,
+                                  ps[r], acc);
             if (merge) {
 #pragma unroll
                 for (int jd = 0; jd < DPT; jd++) {
