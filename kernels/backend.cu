@@ -143,6 +143,7 @@ struct gpu_state {
     cudaGraphExec_t graph_exec[MATVEC_MAX + 1][2];
     unsigned char graph_off[MATVEC_MAX + 1][2]; /* its capture failed: launched directly */
     unsigned char graph_used[MATVEC_MAX + 1][2]; /* the shape ran once without a graph */
+    unsigned char graph_key[MATVEC_MAX + 1][2];  /* its graph makes the argmax key (key_ok) */
     int use_graph;
     /* ec_graph: offloaded experts, and one-token steps read them through the expert
      * table (strata_gpu_ec_graph_mode): no host work inside such a step, so it is
@@ -151,6 +152,11 @@ struct gpu_state {
     int tab_now; /* this forward is such a step (strata_gpu_ec_decode_graph said so) */
     float *h_logits; /* pinned staging of one logits row (or of an argmax id) */
     int32_t *d_amax; /* the argmax id of STRATA_LOGITS_ARGMAX */
+    /* the output projection's argmax key of a one-row pass (strata_k_mvq_args.argmax_key;
+     * STRATA_NO_FUSED_ARGMAX=1: not, strata_k_argmax runs after the pass); key_ok: the
+     * last pass launched (or captured) made it */
+    unsigned long long *d_key;
+    int fused_argmax, key_ok;
     /* STRATA_LOGITS_TOPK: k ids, k values and the log-sum-exp (the layout the engine
      * takes), then strata_k_topk's scratch (TOPK_BYTES) */
     int32_t *d_topk;
@@ -903,6 +909,7 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         s->attn_q8 = !strata_k_env_on("STRATA_NO_ATTQ");
         s->qkv_post_fuse = strata_k_env_on("STRATA_QKV_POST_FUSE");
         s->v_fold = !strata_k_env_on("STRATA_NO_V_FOLD");
+        s->fused_argmax = !strata_k_env_on("STRATA_NO_FUSED_ARGMAX");
         s->att_split_keys = strata_k_env_on("STRATA_ATT_LONG_SPLITS") ? 0 : 32;
         s->pin_in = !strata_k_env_on("STRATA_NO_PIN_IN");
         const char *tc = getenv("STRATA_MVQ_TPR"); /* lanes per row of the 8-bit mat-vecs */
@@ -1076,6 +1083,7 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
                                                           : 2 * STRATA_K_TOPK_MAX + 2)),
                        "cudaMallocHost (logits)", err)) ||
         (rc = dalloc(s, (void **)&s->d_amax, 256, "argmax id", err)) ||
+        (rc = dalloc(s, (void **)&s->d_key, 256, "argmax key", err)) ||
         (rc = dalloc(s, (void **)&s->d_topk, TOPK_BYTES, "top-k logits", err)))
         goto out;
     if ((o->backend_cfg && (rc = place_experts(s, o, pool, err))) || (rc = blas_warm(s, err)))
@@ -1300,6 +1308,9 @@ struct proj_qkv {
     int w2_done;
     __half *v_cache; /* its rows are v rows: stored into the v cache too, or NULL */
     int v_done;
+    /* the output projection's argmax key (strata_k_mvq_args.argmax_key), or NULL */
+    unsigned long long *argmax_key;
+    int argmax_done;
 };
 
 static int proj_nn(struct gpu_state *s, const struct strata_k_weight *w, int n, float *y,
@@ -1307,7 +1318,7 @@ static int proj_nn(struct gpu_state *s, const struct strata_k_weight *w, int n, 
                    struct proj_qkv *pq, struct strata_err *err)
 {
     if (pq)
-        pq->post_done = pq->w2_done = pq->v_done = 0;
+        pq->post_done = pq->w2_done = pq->v_done = pq->argmax_done = 0;
     if (!mvq_ok(s, w, n)) {
         int rc = nw ? norm_rows(s, x_in, nw, n, 0, err) : 0;
         return rc ? rc : proj(s, w, s->xn, s->n_embd, n, y, y_stride, add, err);
@@ -1327,6 +1338,10 @@ static int proj_nn(struct gpu_state *s, const struct strata_k_weight *w, int n, 
     if (pq && pq->w2 && nw) {
         a.w2 = pq->w2;
         a.w2_done = &pq->w2_done;
+    }
+    if (pq && pq->argmax_key) {
+        a.argmax_key = pq->argmax_key;
+        a.argmax_done = &pq->argmax_done;
     }
     if (pq && pq->v_cache) {
         a.y16 = pq->v_cache;
@@ -1420,6 +1435,13 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
     int rc = 0, normed = 0; /* normed: s->xn, s->xq hold the next norm (fused) */
     const int E = s->n_embd;
 #define OP(name, call) (prof_mark(s, name), (rc = (call)))
+    /* one row of logits: its argmax key too, for greedy steps (s->key_ok) */
+    const int key = want_logits && (!all || n == 1) && s->fused_argmax;
+    s->key_ok = 0;
+    if (key && OP("argmax_key", gpu_call(s, cudaMemsetAsync(s->d_key, 0, sizeof(*s->d_key),
+                                                            s->ctx.stream),
+                                         "cudaMemsetAsync (argmax key)", err)))
+        return rc;
     if (!have_embd && OP("get_rows", strata_k_get_rows(&s->ctx, &s->tok_embd, s->ids, n, s->x, err)))
         return strata_err_wrap(err, "token_embd: ");
     int il0 = 0; /* the first layer the separate launches run */
@@ -1458,7 +1480,8 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
         layer_attn_args(s, D, n, max_kv, &qa, &aa);
         /* the q/k/v post inside the merged product (q and k heads, and v's with it), a
          * separate v product's rows into the v cache: decode steps and verify windows */
-        struct proj_qkv pq = {NULL, 0, NULL, 0, NULL, 0}, pv = {NULL, 0, NULL, 0, NULL, 0};
+        struct proj_qkv pq = {NULL, 0, NULL, 0, NULL, 0, NULL, 0},
+                        pv = {NULL, 0, NULL, 0, NULL, 0, NULL, 0};
         if (n <= MATVEC_MAX && D->n_qkv >= 2) {
             pq.post = s->qkv_post_fuse ? &qa : NULL;
             pq.w2 = s->v_fold && D->n_qkv == 2 && mvq_ok(s, &D->wv, n) ? &D->wv : NULL;
@@ -1617,12 +1640,17 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
         const float *xr = s->x + (int64_t)first * E;
         const float *on =
             !normed && s->norm_mv && mvq_ok(s, &s->output, cnt) ? s->output_norm : NULL;
+        /* one row: its argmax folded into the launch (zeroed at the pass's start) */
+        struct proj_qkv po = {NULL, 0, NULL, 0, NULL, 0, NULL, 0};
+        po.argmax_key = key ? s->d_key : NULL;
         if ((!normed && !on &&
              OP("output_norm", norm_rows(s, xr, s->output_norm, cnt,
                                          mvq_ok(s, &s->output, cnt), err))) ||
             OP(on ? "output_norm_output" : "output",
-               proj_nn(s, &s->output, cnt, s->logits, s->n_vocab, NULL, xr, on, NULL, err)))
+               proj_nn(s, &s->output, cnt, s->logits, s->n_vocab, NULL, xr, on,
+                       key ? &po : NULL, err)))
             return strata_err_wrap(err, "output: ");
+        s->key_ok = key && po.argmax_done;
     }
     prof_mark(s, "end");
     return 0;
@@ -1654,6 +1682,7 @@ static int capture(struct gpu_state *s, int n, int all, struct strata_err *err)
         rc = gpu_call(s, cudaGraphInstantiate(&s->graph_exec[n][all], g,
                                               cudaGraphInstantiateFlagUseNodePriority),
                       "cudaGraphInstantiate", err);
+    s->graph_key[n][all] = !rc && s->key_ok;
 out:
     if (g)
         (void)cudaGraphDestroy(g); /* the executable graph does not need it */
@@ -1748,6 +1777,8 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
     }
     TL_HOST(1);
     if (graphable)
+        s->key_ok = s->graph_key[n][rows_all];
+    if (graphable)
         rc = gpu_call(s, cudaGraphLaunch(s->graph_exec[n][rows_all], st),
                       n == 1 ? "cudaGraphLaunch (decode step)" : "cudaGraphLaunch (verify window)",
                       err);
@@ -1777,6 +1808,11 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
                                               cudaMemcpyDeviceToHost, st),
                            "copy of the top-k logits", err)))
             return rc;
+    } else if (amax && s->key_ok) {
+        /* greedy: the key the output projection folded its rows into, 8 bytes back */
+        if ((rc = gpu_call(s, cudaMemcpyAsync(s->h_logits, s->d_key, 8, cudaMemcpyDeviceToHost,
+                                              st), "copy of the argmax key", err)))
+            return rc;
     } else if (amax) {
         /* greedy: the id found on the device, 4 bytes back instead of the row */
         if ((rc = strata_k_argmax(&s->ctx, s->logits, s->n_vocab, 1, s->d_amax, err)) ||
@@ -1794,6 +1830,13 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
                        err)))
         return rc;
     TL_HOST(4);
+    if (amax && s->key_ok) {
+        /* key = order bits << 32 | ~id; 0: every logit NaN */
+        unsigned long long key;
+        memcpy(&key, s->h_logits, 8);
+        const int32_t id = key ? (int32_t)~(uint32_t)key : -1;
+        memcpy(s->h_logits, &id, 4);
+    }
     if (amax) {
         int32_t id;
         memcpy(&id, s->h_logits, 4);

@@ -397,6 +397,20 @@ static __device__ __forceinline__ unsigned long long strata_dev_clock(void)
     return (unsigned long long)clock64();
 #endif
 }
+/* A value and its index as one 64-bit key whose order is (value, then the lower index):
+ * the value's bits mapped to an unsigned order << 32 | ~index, so that the largest key
+ * is the largest value, or the lowest index of an equal one; -0 is taken as +0 (equal,
+ * as the host compares them); NaN is key 0, below every number.  Used by the top-k
+ * sort and the argmax folded into the output projection (atomicMax of keys). */
+static __device__ __forceinline__ unsigned long long strata_argmax_key(float v, int i)
+{
+    if (v != v)
+        return 0;
+    const uint32_t b = v == 0.0f ? 0u : __float_as_uint(v);
+    const uint32_t o = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((unsigned long long)o << 32) | (uint32_t)~(uint32_t)i;
+}
+
 static __device__ __forceinline__ float strata_h2f(uint16_t h)
 {
     __half_raw r;

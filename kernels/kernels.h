@@ -269,6 +269,14 @@ struct strata_k_mvq_args {
     /* etab_slot: etab is indexed by slot instead (3 s + part for GLU slot s, 3 sl + 2 for
      * COMBINE assignment sl): pointers resolved for this batch */
     int etab_slot;
+    /* One slot (or NULL): the slot's argmax also folded into *argmax_key (atomicMax of
+     * gpu.h's strata_argmax_key of every output row: the largest value, the lowest row
+     * of equal ones, NaN never; the caller zeroes it first; key 0: every value NaN), so
+     * that greedy decoding needs no argmax launch.  Done by streamed launches only:
+     * *argmax_done (required with argmax_key) is set to 1 when the launch did it, to 0
+     * when strata_k_argmax must still run. */
+    unsigned long long *argmax_key;
+    int *argmax_done;
     /* How PLAIN products read their weights.  2: streamed (no ids, no fused norm: a
      * fixed grid copies chunks of rows to shared memory while it computes the chunk
      * before, every slot from the same copy); 1: staged (2 rows per group, Q6_K/Q8_0,

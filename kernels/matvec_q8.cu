@@ -97,6 +97,8 @@ struct mvq_params {
     __half *y16;
     const int32_t *y16_pos;
     int64_t y16_stride;
+    /* strata_k_mvq_args.argmax_key (NULL: none; one slot) */
+    unsigned long long *amax;
     /* a streamed launch's second weight (strata_k_mvq_args.w2): rows after w's */
     const uint8_t *w2;
     size_t nb1_2;
@@ -451,6 +453,7 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
     const int tpr = TPR ? TPR : p.tpr, gl = threadIdx.x % tpr, grp = threadIdx.x / tpr;
     const int rows = (int)(blockDim.x / tpr) * 2;
     int c = blockIdx.x, buf = 0;
+    unsigned long long best = 0; /* the argmax key of this thread's rows (p.amax) */
     if (c < n_chunk) {
         const struct mvq_chunk_of q = mvq_chunk_at<T2>(p, c, n1, ck, ck2);
         mvq_chunk_copy(mvq_sbuf, q.w, q.c, q.ck, q.total);
@@ -513,6 +516,8 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
                     const float v = (p.add ? p.add[o] : 0.0f) + a;
                     p.y[o] = v;
                     mvq_store16(p, s, col, v);
+                    if (p.amax)
+                        best = max(best, strata_argmax_key(v, col));
                 }
             }
         }
@@ -520,6 +525,21 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
             mvq_post_chunk(p, q.col0 + q.c * rows, q.col0 + min((q.c + 1) * rows, q.ne1),
                            n_slot);
         __syncthreads();
+    }
+    if (p.amax) { /* the block's best key, then one atomic */
+        __shared__ unsigned long long kb[STRATA_GPU_MAX_WARP];
+        for (int m = warpSize / 2; m > 0; m >>= 1)
+            best = max(best, (unsigned long long)STRATA_SHFL_XOR(best, m));
+        const int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
+        if (lane == 0)
+            kb[wid] = best;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int i = 1; i < (int)(blockDim.x / warpSize); i++)
+                best = max(best, kb[i]);
+            if (best)
+                atomicMax(p.amax, best);
+        }
     }
 }
 
@@ -758,6 +778,7 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     p.iny = NULL;
     p.inyq = NULL;
     p.ahead = mvq_ahead_on();
+    p.amax = NULL;
     p.y16 = mode == STRATA_K_MVQ_PLAIN ? a->y16 : NULL;
     p.y16_pos = a->y16_pos;
     p.y16_stride = a->y16_stride;
@@ -778,6 +799,13 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
                             "and a done flag", (long long)w->ne0, w2 ? (long long)w2->ne0 : 0LL);
     if (w2)
         *a->w2_done = 0;
+    if (a->argmax_key && (!a->argmax_done || mode != STRATA_K_MVQ_PLAIN || a->ids ||
+                          a->n_slot != 1))
+        return strata_k_err(err, STRATA_E_INVALID,
+                            "matvec_q8: an argmax key needs a PLAIN product of one slot and "
+                            "a done flag (n_slot=%d)", a->n_slot);
+    if (a->argmax_key)
+        *a->argmax_done = 0;
     const int64_t ne1_all = w->ne1 + (w2 ? w2->ne1 : 0);
     if (a->y16 && (mode != STRATA_K_MVQ_PLAIN || !a->y16_pos || a->y16_stride < ne1_all))
         return strata_k_err(err, STRATA_E_INVALID,
@@ -863,6 +891,7 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
             p.ne1_2 = (int)w2->ne1;
             p.w2_type = (int)w2->type;
         }
+        p.amax = a->argmax_key;
         auto stream = [&]() {
             switch (w->type) {
             case KT_Q4_K: return mvq_stream_launch<KT_Q4_K>(ctx, p, a->n_slot, sthreads, &done, err);
@@ -883,10 +912,13 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
             *a->w2_done = 1;
         if (done && p.post_cnt)
             *a->post_done = 1;
+        if (done && p.amax)
+            *a->argmax_done = 1;
         if (done || rc)
             return rc;
         p.post_cnt = NULL;
         p.w2 = NULL;
+        p.amax = NULL;
         /* the device cannot hold that launch */
         if (stream_norm && (rc = norm_first()))
             return rc;

@@ -61,11 +61,7 @@ __global__ void argmax_kernel(const float *__restrict__ logits, int n, int32_t *
 
 static __device__ __forceinline__ uint64_t topk_key(float v, int i)
 {
-    if (v != v)
-        return 0;
-    uint32_t b = v == 0.0f ? 0u : __float_as_uint(v);
-    uint32_t o = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-    return ((uint64_t)o << 32) | (uint32_t)~(uint32_t)i;
+    return strata_argmax_key(v, i);
 }
 
 /* s [m] in descending order (bitonic network; m a power of two, 2..TOPK_SORT; the

@@ -697,6 +697,88 @@ static void test_matvec_q8_innorm(uint32_t type, int64_t ne0, int64_t ne1, int n
     free(q0); free(q1); free(q2);
 }
 
+/* The argmax folded into a streamed one-slot product (strata_k_mvq_args.argmax_key):
+ * the key names the row the host finds largest in the launch's own output, then the
+ * lower of two equal rows (the winning row's bytes copied to a lower row); the launch
+ * says it did it.  Two slots with a key are refused.  in_norm: the output projection's
+ * way (its input normed in the launch), else streamed on request (stage 2). */
+static void test_argmax_key(uint32_t type, int64_t ne0, int64_t ne1, int in_norm)
+{
+    struct strata_err err = {0, ""};
+    size_t rb, xrb = strata_k_q8_row_bytes(ne0);
+    uint8_t *w = kt_random_rows(type, ne0, ne1, &rb);
+    float *x = (float *)malloc(4 * ne0), *nw = (float *)malloc(4 * ne0);
+    float *y = (float *)malloc(sizeof(float) * ne1);
+    kt_fill(x, ne0, 3.0f);
+    kt_fill(nw, ne0, 1.0f);
+    void *dw = kt_up(w, rb * ne1), *dxq = kt_dev(xrb);
+    float *dx = (float *)kt_up(x, 4 * ne0), *dnw = (float *)kt_up(nw, 4 * ne0);
+    float *dxn = (float *)kt_dev(4 * ne0), *dy = (float *)kt_dev(sizeof(float) * ne1);
+    unsigned long long *dkey = (unsigned long long *)kt_dev(8);
+    struct strata_k_weight kw = {type, ne0, ne1, rb, rb * ne1, dw};
+    struct strata_k_norm_q8 nn = {dnw, 1e-6f, dxn, dxq};
+    int rc = in_norm ? 0 : strata_k_quantize_q8(&ctx, dx, ne0, (int)ne0, 1, 0, NULL, 0.0f,
+                                                NULL, dxq, &err);
+    int good = !rc, done_all = 1, refused = 0;
+    int64_t first = -1, second = -1;
+    for (int round = 0; round < 2 && !rc; round++) {
+        /* 0: as drawn; 1: the winner's row copied to a lower row (row 0's to row 1 when
+         * row 0 won) */
+        struct strata_k_mvq_args a;
+        plain_args(&a, &kw, 1, 1);
+        a.stage = 2;
+        if (in_norm) {
+            a.x_in = dx;
+            a.in_norm = &nn;
+        } else {
+            a.xq = dxq;
+        }
+        a.y = dy;
+        int done = -1;
+        a.argmax_key = dkey;
+        a.argmax_done = &done;
+        KT_CUDA(cudaMemset(dkey, 0, 8));
+        kt_poison(dy, sizeof(float) * ne1);
+        rc = strata_k_matvec_q8(&ctx, &a, &err);
+        KT_CUDA(cudaDeviceSynchronize());
+        unsigned long long key = 0;
+        kt_down(&key, dkey, 8);
+        kt_down(y, dy, sizeof(float) * ne1);
+        int64_t best = -1;
+        for (int64_t r = 0; r < ne1; r++)
+            if (y[r] == y[r] && (best < 0 || y[r] > y[best]))
+                best = r;
+        const int64_t got = key ? (int64_t)(uint32_t)~(uint32_t)key : -1;
+        good = good && !rc && got == best && done == 1;
+        done_all = done_all && done == 1;
+        if (round == 0) {
+            first = best;
+            /* a lower row takes the winner's bytes: the tie goes to it */
+            const int64_t to = best > 0 ? best / 2 : 1;
+            memcpy(w + (size_t)to * rb, w + (size_t)best * rb, rb);
+            second = best > 0 ? to : 0;
+        } else if (round == 1) {
+            good = good && best == second;
+        }
+        KT_CUDA(cudaMemcpy(dw, w, rb * ne1, cudaMemcpyHostToDevice));
+        if (round == 1) {
+            struct strata_k_mvq_args b = a;
+            b.n_slot = 2;
+            refused = strata_k_matvec_q8(&ctx, &b, &err) == STRATA_E_INVALID;
+        }
+    }
+    ok(good && refused,
+       "argmax key of a streamed %s [%lld x %lld]%s: the largest row (%lld, then the lower "
+       "of two equal rows, %lld) %s, the launch %s, two slots %s %s",
+       strata_ggml_type_name(type), (long long)ne0, (long long)ne1,
+       in_norm ? " with its input norm" : "", (long long)first, (long long)second,
+       good ? "found" : "missed", done_all ? "did it" : "left it", refused ? "refused" : "taken",
+       rc ? err.msg : "");
+    cudaFree(dw); cudaFree(dxq); cudaFree(dx); cudaFree(dnw); cudaFree(dxn); cudaFree(dy);
+    cudaFree(dkey);
+    free(w); free(x); free(nw); free(y);
+}
+
 /* The q/k/v post inside the streamed q/k/v product (strata_k_mvq_args.post) and a
  * separate v product's rows stored into the v cache by the product (y16), against the
  * product followed by strata_k_qkv_post: q rows, k cache and v cache the same bits.
@@ -1242,6 +1324,10 @@ static void test_q8(void)
     test_matvec_q8_stage(STRATA_TYPE_Q8_0, 7168, 16405, 1, 4, 2);
     test_matvec_q8_stage(STRATA_TYPE_Q6_K, 7168, 777, 1, 5, 1);
     test_matvec_q8_innorm(STRATA_TYPE_Q4_K, 2048, 5120, 1, 1);   /* Qwen3-30B-A3B's q/k/v */
+    test_argmax_key(STRATA_TYPE_Q6_K, 2048, 151936, 1); /* the output projection */
+    test_argmax_key(STRATA_TYPE_Q6_K, 2048, 20000, 0);
+    test_argmax_key(STRATA_TYPE_Q5_K, 1024, 333, 1);
+    test_argmax_key(STRATA_TYPE_Q8_0, 96, 700, 1);
     test_matvec_q8_innorm(STRATA_TYPE_Q6_K, 2048, 512, 17, 1);   /* attn_v, a 17-token window */
     test_matvec_q8_innorm(STRATA_TYPE_Q6_K, 2048, 151936, 2, 1); /* output */
     test_matvec_q8_innorm(STRATA_TYPE_Q8_0, 7168, 1000, 3, 0);   /* no 256-thread stream */
