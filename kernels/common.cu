@@ -171,6 +171,7 @@ static struct { const void *k; dim3 grid, block; } tl_host[TL_HOST];
 static int tl_n_host;
 static struct strata_tl_rec *tl_dev;
 static unsigned long long *tl_dev_seq;
+static int tl_opens; /* backends open (a draft model's and its target's share the buffer) */
 
 extern "C" void strata_tl_register(void (*set)(void *buf, void *seq, unsigned long long cap))
 {
@@ -213,7 +214,7 @@ extern "C" void strata_tl_host_mark(int i)
 
 extern "C" void strata_tl_open(void)
 {
-    if (tl_dev)
+    if (tl_opens++ || tl_dev)
         return;
     if (cudaMalloc((void **)&tl_dev, sizeof(struct strata_tl_rec) * (size_t)TL_CAP) != cudaSuccess ||
         cudaMalloc((void **)&tl_dev_seq, sizeof(unsigned long long)) != cudaSuccess ||
@@ -229,6 +230,8 @@ extern "C" void strata_tl_open(void)
 
 extern "C" void strata_tl_close(void)
 {
+    if (tl_opens > 0 && --tl_opens)
+        return; /* another backend still records */
     if (!tl_dev)
         return;
     unsigned long long n = 0;
@@ -269,8 +272,18 @@ extern "C" void strata_tl_close(void)
     if (f)
         fclose(f);
     free(r);
+    for (int i = 0; i < tl_n_setters; i++) /* no kernel records into freed memory */
+        tl_setters[i](NULL, NULL, 0);
+    (void)cudaDeviceSynchronize();
     (void)cudaFree(tl_dev);
     (void)cudaFree(tl_dev_seq);
+    (void)cudaGetLastError();
     tl_dev = NULL;
+    tl_n_host = 0;
+    for (int i = 0; i <= TL_MARKS; i++) {
+        tl_m_sum[i] = 0.0;
+        tl_m_n[i] = 0;
+    }
+    tl_m_last = -1;
 }
 #endif

@@ -36,7 +36,8 @@ NVCC_FLAGS  += $(ST_BREAK)
 HIPCC_FLAGS += $(ST_BREAK)
 endif
 # Measurement builds only: `make B=dir gpu-tests STRATA_TIMELINE=1` records when each
-# kernel's wait for the one before ends (kernels/gpu.h); never for a release.
+# kernel's wait for the one before ends (kernels/gpu.h); never for a release, and into a
+# B of its own (the objects do not record the flag: a later plain build would reuse them).
 ifneq ($(STRATA_TIMELINE),)
 NVCC_FLAGS  += -DSTRATA_TIMELINE
 endif

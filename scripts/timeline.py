@@ -46,6 +46,8 @@ def main():
     print("steps by length (kernels, count):", lens.most_common(8))
     k = lens.most_common(1)[0][0]
     sel = [s for s in steps if len(s) == k][-nsteps - 1:-1]  # the last one has no successor
+    if not sel:
+        sys.exit("timeline.py: fewer than two steps of %d kernels in %s" % (k, path))
     n = len(sel)
     dw = [0.0] * k   # wait end to the next kernel's wait end
     pre = [0.0] * k  # wait itself (t_wait - t_pre)
