@@ -38,14 +38,14 @@ static __device__ __forceinline__ float att_ld(const float *p)
 }
 
 /* The split merge's sums: acc[j] += the value j of split z (base + z * zstride + j) times
- * ps[z], for z = 0 .. nz - 1 in order, with the loads of a batch of splits issued before
- * their sums (one round trip to L2 a batch, not one every few splits); the same sums in
- * the same order as one split at a time. */
+ * ps[z], for z = 0 .. nz - 1 in order, with the loads of a batch of splits (at most 32
+ * values) issued before their sums (one round trip to L2 a batch, not one every few
+ * splits); the same sums in the same order as one split at a time. */
 template <int N>
 static __device__ __forceinline__ void att_merge_values(const float *base, int64_t zstride,
                                                         int nz, const float *ps, float *acc)
 {
-    constexpr int B = N >= 16 ? 2 : N >= 8 ? 4 : 8;
+    constexpr int B = N <= 4 ? 8 : N <= 8 ? 4 : N <= 16 ? 2 : 1; /* B * N <= 32 registers */
     for (int z0 = 0; z0 < nz; z0 += B) {
         float t[B][N];
 #pragma unroll

@@ -527,7 +527,10 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
         __syncthreads();
     }
     if (p.amax) { /* the block's best key, then one atomic */
-        __shared__ unsigned long long kb[STRATA_GPU_MAX_WARP];
+        /* the chunk buffers are free (the loop's last barrier; no copy in flight) */
+        strata_cp_async_wait<0>();
+        __syncthreads();
+        unsigned long long *kb = (unsigned long long *)mvq_sbuf;
         for (int m = warpSize / 2; m > 0; m >>= 1)
             best = max(best, (unsigned long long)STRATA_SHFL_XOR(best, m));
         const int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
