@@ -1480,8 +1480,7 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
         layer_attn_args(s, D, n, max_kv, &qa, &aa);
         /* the q/k/v post inside the merged product (q and k heads, and v's with it), a
          * separate v product's rows into the v cache: decode steps and verify windows */
-        struct proj_qkv pq = {NULL, 0, NULL, 0, NULL, 0, NULL, 0},
-                        pv = {NULL, 0, NULL, 0, NULL, 0, NULL, 0};
+        struct proj_qkv pq = {}, pv = {};
         if (n <= MATVEC_MAX && D->n_qkv >= 2) {
             pq.post = s->qkv_post_fuse ? &qa : NULL;
             pq.w2 = s->v_fold && D->n_qkv == 2 && mvq_ok(s, &D->wv, n) ? &D->wv : NULL;
@@ -1641,7 +1640,7 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
         const float *on =
             !normed && s->norm_mv && mvq_ok(s, &s->output, cnt) ? s->output_norm : NULL;
         /* one row: its argmax folded into the launch (zeroed at the pass's start) */
-        struct proj_qkv po = {NULL, 0, NULL, 0, NULL, 0, NULL, 0};
+        struct proj_qkv po = {};
         po.argmax_key = key ? s->d_key : NULL;
         if ((!normed && !on &&
              OP("output_norm", norm_rows(s, xr, s->output_norm, cnt,
