@@ -144,13 +144,21 @@ struct gpu_state {
     unsigned char graph_off[MATVEC_MAX + 1][2]; /* its capture failed: launched directly */
     unsigned char graph_used[MATVEC_MAX + 1][2]; /* the shape ran once without a graph */
     unsigned char graph_key[MATVEC_MAX + 1][2];  /* its graph makes the argmax key (key_ok) */
+    unsigned char graph_row[MATVEC_MAX + 1][2];  /* its graph writes h_row itself (row_ok) */
     int use_graph;
     /* ec_graph: offloaded experts, and one-token steps read them through the expert
      * table (strata_gpu_ec_graph_mode): no host work inside such a step, so it is
      * replayed as a graph like the all-in-VRAM step */
     int ec_graph;
     int tab_now; /* this forward is such a step (strata_gpu_ec_decode_graph said so) */
-    float *h_logits; /* pinned staging of one logits row (or of an argmax id) */
+    float *h_logits; /* pinned staging of the top-k, an argmax id or key */
+    /* One row of logits, pinned and mapped: the output projection of a one-row pass
+     * writes it through d_row (strata_k_mvq_args.y_host), so that it is on the host when
+     * the pass ends; else it is copied there.  The engine's row (gpu_host_row).
+     * host_row: STRATA_NO_HOST_ROW=1 turns the kernel's writes off; row_ok: the last
+     * pass launched (or captured) made them. */
+    float *h_row, *d_row;
+    int host_row, row_ok;
     int32_t *d_amax; /* the argmax id of STRATA_LOGITS_ARGMAX */
     /* the output projection's argmax key of a one-row pass (strata_k_mvq_args.argmax_key;
      * STRATA_NO_FUSED_ARGMAX=1: not, strata_k_argmax runs after the pass); key_ok: the
@@ -527,6 +535,8 @@ static void gpu_free(void *state)
         (void)cudaFree(s->allocs[i]);
     if (s->h_logits)
         (void)cudaFreeHost(s->h_logits);
+    if (s->h_row)
+        (void)cudaFreeHost(s->h_row);
     if (s->h_in)
         (void)cudaFreeHost(s->h_in);
     if (s->ctx.stream)
@@ -910,6 +920,7 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         s->qkv_post_fuse = strata_k_env_on("STRATA_QKV_POST_FUSE");
         s->v_fold = !strata_k_env_on("STRATA_NO_V_FOLD");
         s->fused_argmax = !strata_k_env_on("STRATA_NO_FUSED_ARGMAX");
+        s->host_row = !strata_k_env_on("STRATA_NO_HOST_ROW");
         s->att_split_keys = strata_k_env_on("STRATA_ATT_LONG_SPLITS") ? 0 : 32;
         s->pin_in = !strata_k_env_on("STRATA_NO_PIN_IN");
         const char *tc = getenv("STRATA_MVQ_TPR"); /* lanes per row of the 8-bit mat-vecs */
@@ -1078,16 +1089,21 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
     }
 #endif
     if ((rc = gpu_call(s, cudaMallocHost((void **)&s->h_logits,
-                                         4 * (size_t)(s->n_vocab > 2 * STRATA_K_TOPK_MAX + 2
-                                                          ? s->n_vocab
-                                                          : 2 * STRATA_K_TOPK_MAX + 2)),
+                                         4 * (size_t)(2 * STRATA_K_TOPK_MAX + 2)),
                        "cudaMallocHost (logits)", err)) ||
+        (rc = gpu_call(s, cudaHostAlloc((void **)&s->h_row, 4 * (size_t)s->n_vocab,
+                                        cudaHostAllocMapped),
+                       "cudaHostAlloc (logits row)", err)) ||
         (rc = dalloc(s, (void **)&s->d_amax, 256, "argmax id", err)) ||
         (rc = dalloc(s, (void **)&s->d_key, 256, "argmax key", err)) ||
         (rc = dalloc(s, (void **)&s->d_topk, TOPK_BYTES, "top-k logits", err)))
         goto out;
     if ((o->backend_cfg && (rc = place_experts(s, o, pool, err))) || (rc = blas_warm(s, err)))
         goto out;
+    if (cudaHostGetDevicePointer((void **)&s->d_row, s->h_row, 0) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not mapped here: the row is copied */
+        s->d_row = NULL;
+    }
     release_host_weights(s);
     step_setup(s);
     strata_log_info("%s backend on device %d: %s (%s, %d SMs, warp %d), %.1f MiB of VRAM for "
@@ -1311,6 +1327,9 @@ struct proj_qkv {
     /* the output projection's argmax key (strata_k_mvq_args.argmax_key), or NULL */
     unsigned long long *argmax_key;
     int argmax_done;
+    /* its row written to mapped host memory too (strata_k_mvq_args.y_host), or NULL */
+    float *y_host;
+    int y_host_done;
 };
 
 static int proj_nn(struct gpu_state *s, const struct strata_k_weight *w, int n, float *y,
@@ -1318,7 +1337,7 @@ static int proj_nn(struct gpu_state *s, const struct strata_k_weight *w, int n, 
                    struct proj_qkv *pq, struct strata_err *err)
 {
     if (pq)
-        pq->post_done = pq->w2_done = pq->v_done = pq->argmax_done = 0;
+        pq->post_done = pq->w2_done = pq->v_done = pq->argmax_done = pq->y_host_done = 0;
     if (!mvq_ok(s, w, n)) {
         int rc = nw ? norm_rows(s, x_in, nw, n, 0, err) : 0;
         return rc ? rc : proj(s, w, s->xn, s->n_embd, n, y, y_stride, add, err);
@@ -1342,6 +1361,10 @@ static int proj_nn(struct gpu_state *s, const struct strata_k_weight *w, int n, 
     if (pq && pq->argmax_key) {
         a.argmax_key = pq->argmax_key;
         a.argmax_done = &pq->argmax_done;
+    }
+    if (pq && pq->y_host) {
+        a.y_host = pq->y_host;
+        a.y_host_done = &pq->y_host_done;
     }
     if (pq && pq->v_cache) {
         a.y16 = pq->v_cache;
@@ -1437,7 +1460,9 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
 #define OP(name, call) (prof_mark(s, name), (rc = (call)))
     /* one row of logits: its argmax key too, for greedy steps (s->key_ok) */
     const int key = want_logits && (!all || n == 1) && s->fused_argmax;
-    s->key_ok = 0;
+    /* and the row itself written to s->h_row by the launch (s->row_ok) */
+    const int hrow = want_logits && (!all || n == 1) && s->host_row && s->d_row;
+    s->key_ok = s->row_ok = 0;
     if (key && OP("argmax_key", gpu_call(s, cudaMemsetAsync(s->d_key, 0, sizeof(*s->d_key),
                                                             s->ctx.stream),
                                          "cudaMemsetAsync (argmax key)", err)))
@@ -1642,14 +1667,16 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
         /* one row: its argmax folded into the launch (zeroed at the pass's start) */
         struct proj_qkv po = {};
         po.argmax_key = key ? s->d_key : NULL;
+        po.y_host = hrow ? s->d_row : NULL;
         if ((!normed && !on &&
              OP("output_norm", norm_rows(s, xr, s->output_norm, cnt,
                                          mvq_ok(s, &s->output, cnt), err))) ||
             OP(on ? "output_norm_output" : "output",
                proj_nn(s, &s->output, cnt, s->logits, s->n_vocab, NULL, xr, on,
-                       key ? &po : NULL, err)))
+                       key || hrow ? &po : NULL, err)))
             return strata_err_wrap(err, "output: ");
         s->key_ok = key && po.argmax_done;
+        s->row_ok = hrow && po.y_host_done;
     }
     prof_mark(s, "end");
     return 0;
@@ -1682,6 +1709,7 @@ static int capture(struct gpu_state *s, int n, int all, struct strata_err *err)
                                               cudaGraphInstantiateFlagUseNodePriority),
                       "cudaGraphInstantiate", err);
     s->graph_key[n][all] = !rc && s->key_ok;
+    s->graph_row[n][all] = !rc && s->row_ok;
 out:
     if (g)
         (void)cudaGraphDestroy(g); /* the executable graph does not need it */
@@ -1775,8 +1803,10 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
         graphable = 0;
     }
     TL_HOST(1);
-    if (graphable)
+    if (graphable) {
         s->key_ok = s->graph_key[n][rows_all];
+        s->row_ok = s->graph_row[n][rows_all];
+    }
     if (graphable)
         rc = gpu_call(s, cudaGraphLaunch(s->graph_exec[n][rows_all], st),
                       n == 1 ? "cudaGraphLaunch (decode step)" : "cudaGraphLaunch (verify window)",
@@ -1818,10 +1848,11 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
             (rc = gpu_call(s, cudaMemcpyAsync(s->h_logits, s->d_amax, 4, cudaMemcpyDeviceToHost,
                                               st), "copy of the argmax id", err)))
             return rc;
-    } else if (want && (rc = gpu_call(s, cudaMemcpyAsync(rows == 1 ? s->h_logits : logits,
-                                                         s->logits, 4 * rows * s->n_vocab,
-                                                         cudaMemcpyDeviceToHost, st),
-                                       "copy of the logits", err)))
+    } else if (want && !(rows == 1 && s->row_ok) &&
+               (rc = gpu_call(s, cudaMemcpyAsync(rows == 1 ? s->h_row : logits, s->logits,
+                                                 4 * rows * s->n_vocab, cudaMemcpyDeviceToHost,
+                                                 st),
+                              "copy of the logits", err)))
         return rc;
     TL_HOST(3);
     if ((rc = gpu_call(s, cudaStreamSynchronize(st), "forward pass (asynchronous error; run with "
@@ -1850,8 +1881,10 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
             return strata_k_err(err, STRATA_E_GPU, "sampling step at position %d: no logit is "
                                 "a number (every one NaN)", b->pos0 + n - 1);
         memcpy(logits, s->h_logits, 8 * (size_t)k + (b->lse ? 8 : 0));
-    } else if (want && rows == 1)
-        memcpy(logits, s->h_logits, 4 * (size_t)s->n_vocab);
+    } else if (want && rows == 1 && logits != s->h_row) {
+        /* the caller's buffer; the engine's row (gpu_host_row) is h_row itself */
+        memcpy(logits, s->h_row, 4 * (size_t)s->n_vocab);
+    }
     TL_HOST(5);
     if (s->prof)
         prof_collect(s);
@@ -1915,9 +1948,14 @@ static int gpu_expert_stats(void *state, int reset, struct strata_expert_cache *
     return 1;
 }
 
+static float *gpu_host_row(void *state)
+{
+    return ((struct gpu_state *)state)->h_row;
+}
+
 extern "C" const struct strata_backend_ops strata_backend_gpu_ops = {
     STRATA_GPU_RUNTIME_NAME, gpu_init, gpu_free, gpu_forward, gpu_kv_rollback, gpu_n_devices,
-    gpu_expert_stats, 1, STRATA_K_TOPK_MAX,
+    gpu_expert_stats, 1, STRATA_K_TOPK_MAX, gpu_host_row,
 };
 
 #endif /* STRATA_GPU_HOST_PASS */

@@ -277,6 +277,15 @@ struct strata_k_mvq_args {
      * when strata_k_argmax must still run. */
     unsigned long long *argmax_key;
     int *argmax_done;
+    /* One slot (or NULL): the output rows also stored to y_host, the device's address of
+     * mapped pinned host memory of ne1 floats (cudaHostGetDevicePointer), a chunk's
+     * consecutive rows together (one 64-byte write for the output projection's 16), so
+     * that a one-row pass's logits are on the host when the launch completes, with no
+     * copy after it.  y is written as well.  Done by streamed launches only:
+     * *y_host_done (required with y_host) is set to 1 when the launch did it, to 0 when
+     * the caller must copy y. */
+    float *y_host;
+    int *y_host_done;
     /* How PLAIN products read their weights.  2: streamed (no ids, no fused norm: a
      * fixed grid copies chunks of rows to shared memory while it computes the chunk
      * before, every slot from the same copy); 1: staged (2 rows per group, Q6_K/Q8_0,

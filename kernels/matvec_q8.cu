@@ -99,6 +99,8 @@ struct mvq_params {
     int64_t y16_stride;
     /* strata_k_mvq_args.argmax_key (NULL: none; one slot) */
     unsigned long long *amax;
+    /* strata_k_mvq_args.y_host (NULL: none; one slot, streamed launches) */
+    float *yh;
     /* a streamed launch's second weight (strata_k_mvq_args.w2): rows after w's */
     const uint8_t *w2;
     size_t nb1_2;
@@ -454,6 +456,8 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
     const int rows = (int)(blockDim.x / tpr) * 2;
     int c = blockIdx.x, buf = 0;
     unsigned long long best = 0; /* the argmax key of this thread's rows (p.amax) */
+    /* p.yh: a chunk's rows gathered after the two buffers, then stored together */
+    float *yh_s = (float *)(mvq_sbuf + 2 * cb);
     if (c < n_chunk) {
         const struct mvq_chunk_of q = mvq_chunk_at<T2>(p, c, n1, ck, ck2);
         mvq_chunk_copy(mvq_sbuf, q.w, q.c, q.ck, q.total);
@@ -518,6 +522,8 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
                     mvq_store16(p, s, col, v);
                     if (p.amax)
                         best = max(best, strata_argmax_key(v, col));
+                    if (p.yh)
+                        yh_s[2 * grp + r] = v;
                 }
             }
         }
@@ -525,6 +531,9 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
             mvq_post_chunk(p, q.col0 + q.c * rows, q.col0 + min((q.c + 1) * rows, q.ne1),
                            n_slot);
         __syncthreads();
+        /* yh_s is written again only after the next chunk's barrier */
+        if (p.yh && (int)threadIdx.x < rows && q.c * rows + (int)threadIdx.x < q.ne1)
+            p.yh[q.col0 + q.c * rows + threadIdx.x] = yh_s[threadIdx.x];
     }
     if (p.amax) { /* the block's best key, then one atomic */
         /* the chunk buffers are free (the loop's last barrier; no copy in flight) */
@@ -596,7 +605,8 @@ static int mvq_stream_launch_t(struct strata_gpu_ctx *ctx, const struct mvq_para
     /* each buffer padded by 16 bytes (q6k_sums_words reads 2 past a row's end) */
     const size_t ck = (size_t)rows * p.nb1, ck2 = (size_t)rows * p.nb1_2; /* nb1_2 0: none */
     const size_t cb = (T2 && ck2 > ck ? ck2 : ck) + 16;
-    const size_t smem = 2 * cb + (NORM ? (size_t)n_slot * p.xq_row : 0);
+    const size_t smem = 2 * cb + (p.yh ? sizeof(float) * rows : 0) +
+                        (NORM ? (size_t)n_slot * p.xq_row : 0);
     const int n1 = (int)((p.ne1 + rows - 1) / rows);
     const int n_chunk = n1 + (T2 ? (int)((p.ne1_2 + rows - 1) / rows) : 0);
     const int dev = ctx->info.device;
@@ -782,6 +792,7 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     p.inyq = NULL;
     p.ahead = mvq_ahead_on();
     p.amax = NULL;
+    p.yh = NULL;
     p.y16 = mode == STRATA_K_MVQ_PLAIN ? a->y16 : NULL;
     p.y16_pos = a->y16_pos;
     p.y16_stride = a->y16_stride;
@@ -809,6 +820,13 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
                             "a done flag (n_slot=%d)", a->n_slot);
     if (a->argmax_key)
         *a->argmax_done = 0;
+    if (a->y_host && (!a->y_host_done || mode != STRATA_K_MVQ_PLAIN || a->ids ||
+                      a->n_slot != 1))
+        return strata_k_err(err, STRATA_E_INVALID,
+                            "matvec_q8: a host copy of the output needs a PLAIN product of one "
+                            "slot and a done flag (n_slot=%d)", a->n_slot);
+    if (a->y_host)
+        *a->y_host_done = 0;
     const int64_t ne1_all = w->ne1 + (w2 ? w2->ne1 : 0);
     if (a->y16 && (mode != STRATA_K_MVQ_PLAIN || !a->y16_pos || a->y16_stride < ne1_all))
         return strata_k_err(err, STRATA_E_INVALID,
@@ -895,6 +913,7 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
             p.w2_type = (int)w2->type;
         }
         p.amax = a->argmax_key;
+        p.yh = a->y_host;
         auto stream = [&]() {
             switch (w->type) {
             case KT_Q4_K: return mvq_stream_launch<KT_Q4_K>(ctx, p, a->n_slot, sthreads, &done, err);
@@ -917,11 +936,14 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
             *a->post_done = 1;
         if (done && p.amax)
             *a->argmax_done = 1;
+        if (done && p.yh)
+            *a->y_host_done = 1;
         if (done || rc)
             return rc;
         p.post_cnt = NULL;
         p.w2 = NULL;
         p.amax = NULL;
+        p.yh = NULL;
         /* the device cannot hold that launch */
         if (stream_norm && (rc = norm_first()))
             return rc;

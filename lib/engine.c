@@ -1123,7 +1123,7 @@ static int cpu_kv_rollback(void *state, int32_t n_past, struct strata_err *err)
 }
 
 const struct strata_backend_ops strata_backend_cpu_ops = {
-    "cpu", cpu_init, cpu_free, cpu_forward, cpu_kv_rollback, NULL, NULL, 0, 0,
+    "cpu", cpu_init, cpu_free, cpu_forward, cpu_kv_rollback, NULL, NULL, 0, 0, NULL,
 };
 
 #ifdef STRATA_WITH_GPU
@@ -1183,8 +1183,9 @@ struct strata_engine {
     struct strata_engine_opts o;
     int32_t n_past;
     int32_t *hist; /* [n_ctx] */
-    float *argmax_row; /* [n_vocab] strata_engine_eval_argmax's and _topk's row on
-                          backends without them, made on first use */
+    float *argmax_row; /* [n_vocab] strata_engine_eval_row's row (and _argmax's and
+                          _topk's on backends without them) where the backend has no
+                          host row (row_buffer), made on first use */
 };
 
 void strata_engine_opts_init(struct strata_engine_opts *o)
@@ -1428,6 +1429,33 @@ int strata_engine_eval(struct strata_engine *e, const int32_t *ids, int32_t n_to
     return eval_common(e, ids, NULL, n_tok, logits_mode, 0, 0, logits, err);
 }
 
+/* The host row of strata_engine_eval_row (and of the argmax and top-k modes done on
+ * the host): the backend's, or the engine's own, allocated at first use; NULL: out of
+ * memory. */
+static float *row_buffer(struct strata_engine *e)
+{
+    float *r = e->ops->host_row ? e->ops->host_row(e->bstate) : NULL;
+    if (r)
+        return r;
+    if (!e->argmax_row)
+        e->argmax_row = malloc(sizeof(float) * (size_t)e->m->hp.n_vocab);
+    return e->argmax_row;
+}
+
+int strata_engine_eval_row(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
+                           const float **row, struct strata_err *err)
+{
+    if (!ids || !row)
+        return strata_err_set(err, STRATA_E_INVALID, "NULL token ids or row output");
+    float *r = row_buffer(e);
+    if (!r)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, 0, 0, r, err);
+    if (!rc)
+        *row = r;
+    return rc;
+}
+
 int strata_engine_eval_argmax(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
                               int32_t *next, struct strata_err *err)
 {
@@ -1435,12 +1463,12 @@ int strata_engine_eval_argmax(struct strata_engine *e, const int32_t *ids, int32
         return strata_err_set(err, STRATA_E_INVALID, "NULL token ids or id output");
     if (e->ops->argmax)
         return eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_ARGMAX, 0, 0, (float *)next, err);
-    const int32_t n_vocab = (int32_t)e->m->hp.n_vocab;
-    if (!e->argmax_row && !(e->argmax_row = malloc(sizeof(float) * (size_t)n_vocab)))
+    float *r = row_buffer(e);
+    if (!r)
         return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
-    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, 0, 0, e->argmax_row, err);
+    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, 0, 0, r, err);
     if (!rc)
-        *next = strata_sampler_argmax(e->argmax_row, n_vocab);
+        *next = strata_sampler_argmax(r, (int32_t)e->m->hp.n_vocab);
     return rc;
 }
 
@@ -1468,16 +1496,17 @@ int strata_engine_eval_topk(struct strata_engine *e, const int32_t *ids, int32_t
         }
         return rc;
     }
-    if (!e->argmax_row && !(e->argmax_row = malloc(sizeof(float) * (size_t)n_vocab)))
+    float *r = row_buffer(e);
+    if (!r)
         return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
-    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, 0, 0, e->argmax_row, err);
+    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, 0, 0, r, err);
     if (!rc) {
-        strata_sampler_topk(e->argmax_row, n_vocab, top_k, top_ids, top_vals);
+        strata_sampler_topk(r, n_vocab, top_k, top_ids, top_vals);
         if (top_ids[0] < 0)
             return strata_err_set(err, STRATA_E_INTERNAL, "step at position %d: no logit is "
                                   "a number (every one NaN)", e->n_past - 1);
         if (lse)
-            *lse = strata_sampler_log_sum_exp(e->argmax_row, n_vocab);
+            *lse = strata_sampler_log_sum_exp(r, n_vocab);
     }
     return rc;
 }

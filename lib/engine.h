@@ -148,6 +148,12 @@ struct strata_backend_ops {
     /* > 0: forward takes STRATA_LOGITS_TOPK with top_k up to this many, found where
      * the logits are (a GPU: 8 top_k bytes back instead of 4 n_vocab) */
     int topk_max;
+
+    /* The backend's own host buffer of one logits row (n_vocab floats, owned by the
+     * state), or NULL.  forward with STRATA_LOGITS_LAST into it needs no copy on the
+     * host (a GPU: pinned memory the device writes or copies the row into); the engine
+     * evaluates strata_engine_eval_row into it.  NULL: the engine's buffer. */
+    float *(*host_row)(void *state);
 };
 
 /* The CPU backend (always available). */
@@ -202,6 +208,15 @@ const int32_t *strata_engine_history(const struct strata_engine *e);
  * backend errors.  On error the kv cache keeps its old n_past. */
 int strata_engine_eval(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
                        int logits_mode, float *logits, struct strata_err *err);
+
+/* strata_engine_eval of the last position's logits into a row the engine owns:
+ * *row is set to its n_vocab floats, valid (and the caller's to modify) until the next
+ * call on e.  On a GPU backend the row is the backend's pinned host memory, written by
+ * the device, so no copy of 4 n_vocab bytes follows on the host (llama_get_logits'
+ * way).  Errors: those of strata_engine_eval, STRATA_E_INVALID (NULL ids or row),
+ * STRATA_E_NOMEM; *row is left alone on error. */
+int strata_engine_eval_row(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
+                           const float **row, struct strata_err *err);
 
 /* strata_engine_eval whose last position's logits are reduced to the id of the
  * largest (the lowest id among equal ones, strata_sampler_argmax's choice) in *next:

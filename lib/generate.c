@@ -333,7 +333,7 @@ int strata_generate(struct strata_engine *e, const struct strata_vocab *v,
                   : by_argmax ? strata_engine_eval_argmax(e, &id, 1, &next, err)
                   : by_topk   ? strata_engine_eval_topk(e, &id, 1, by_topk, tk_ids, tk_vals,
                                                           want_lp ? &tk_lse : NULL, err)
-                              : strata_engine_eval(e, &id, 1, STRATA_LOGITS_LAST, logits, err)))
+                              : strata_engine_eval_row(e, &id, 1, &cur, err)))
             goto out;
         have_tk = by_topk > 0 && (!p->spec || !cur);
         if (have_tk && p->spec)

@@ -27,7 +27,7 @@ for r in $(seq "$rounds"); do
             done
             # shellcheck disable=SC2086
             timeout 200 "$d/$bin" ${AB_ARGS:---tg 128 --reps 3} ${opts[@]+"${opts[@]}"} 2>&1 |
-                grep -E '^(pp|tg)[0-9]' | sed -e 's/ (argmax)//' -e 's| tok/s.*| tok/s|' | tr '\n' ' ')
+                grep -E '^(pp|tg)[0-9]' | sed -e 's/ (argmax)//' -e 's/ (copy)//' -e 's| tok/s.*| tok/s|' | tr '\n' ' ')
         echo "$r $v $line" | tee -a "$out/ab.txt"
     done
 done

@@ -3,7 +3,7 @@
  * empty kv cache, tg = T single-token decode steps from an empty kv cache.
  *
  *   bench_gpu [--shape S] [--layers N] [--ftype F] [--pp P] [--tg T] [--reps R]
- *             [--ab VAR[,VAR...]] [--argmax]
+ *             [--ab VAR[,VAR...]] [--argmax | --copy]
  *
  * Prints tokens/s (median of R runs) next to the bandwidth floor of decoding: the
  * bytes of weights one token reads (strata_model_active_bytes) over the device's
@@ -33,10 +33,12 @@ static int cmp_d(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* what each tg step asks for: the last row of logits (as llama-bench's tg, which copies
- * them to the host every step), or only its argmax found on the device (--argmax: what
- * greedy decoding needs) */
-static int tg_logits = STRATA_LOGITS_LAST;
+/* what each tg step asks for: the last row of logits in the engine's host row
+ * (strata_engine_eval_row; as llama-bench's tg, whose llama_decode copies them into the
+ * context's pinned output buffer every step), the same row copied into the caller's
+ * buffer (--copy: strata_engine_eval), or only its argmax found on the device (--argmax:
+ * what greedy decoding needs) */
+static int tg_logits = STRATA_LOGITS_LAST, tg_copy = 0;
 
 /* Open an engine on g, measure pp and tg (median of reps after a warm-up run), print
  * the figures (label: a variant's name, or ""), close it.  Returns 0 or 1. */
@@ -73,10 +75,12 @@ static int bench_one(struct strata_gguf *g, int pp, int tg, int reps, const char
         if (!rc)
             rc = strata_engine_rollback(e, 0, &err);
         a = now();
+        const float *row = NULL;
         for (int i = 0; i < tg && !rc; i++)
             rc = tg_logits == STRATA_LOGITS_ARGMAX
                      ? strata_engine_eval_argmax(e, ids + pp + i, 1, (int32_t *)logits, &err)
-                     : strata_engine_eval(e, ids + pp + i, 1, STRATA_LOGITS_LAST, logits, &err);
+                 : tg_copy ? strata_engine_eval(e, ids + pp + i, 1, STRATA_LOGITS_LAST, logits, &err)
+                           : strata_engine_eval_row(e, ids + pp + i, 1, &row, &err);
         tt[r] = now() - a;
     }
     if (rc) {
@@ -91,7 +95,7 @@ static int bench_one(struct strata_gguf *g, int pp, int tg, int reps, const char
                label, tot / 1e9, act / 1e6, bw / 1e12);
         printf("%spp%d: %.0f tok/s (%.2f ms)\n", label, pp, pp / pp_s, pp_s * 1e3);
         printf("%stg%d%s: %.0f tok/s (%.3f ms/token); floor %.3f ms/token = %.0f tok/s\n", label,
-               tg, tg_logits == STRATA_LOGITS_ARGMAX ? " (argmax)" : "", tg / tg_s, tg_s / tg * 1e3, act / bw * 1e3, bw / act);
+               tg, tg_logits == STRATA_LOGITS_ARGMAX ? " (argmax)" : tg_copy ? " (copy)" : "", tg / tg_s, tg_s / tg * 1e3, act / bw * 1e3, bw / act);
     }
     free(ids);
     free(logits);
@@ -115,6 +119,7 @@ int main(int argc, char **argv)
         else if (i + 1 < argc && !strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--ab")) ab = argv[++i];
         else if (!strcmp(argv[i], "--argmax")) tg_logits = STRATA_LOGITS_ARGMAX;
+        else if (!strcmp(argv[i], "--copy")) tg_copy = 1;
     }
     struct strata_err err = {0, ""};
     struct strata_synth_opts so = {shape, layers, ftype, 42};

@@ -255,10 +255,21 @@ static int windows(struct strata_engine *e, const int32_t *ids, int n_ids, const
         if (first_bad >= 0)
             diag("%s (%s): window %d@%d differs first at row %d (position %d)", model, what, n,
                  p, first_bad, p + first_bad);
-        /* greedy steps that bring back only the argmax id (found on the device) */
+        /* the same steps into the engine's host row (written by the device itself) */
         if (!rc)
             rc = strata_engine_rollback(e, p, &err);
         int agree = 1;
+        for (int i = 0; i < n && !rc; i++) {
+            const float *r = NULL;
+            rc = strata_engine_eval_row(e, ids + p + i, 1, &r, &err);
+            agree &= !rc && !memcmp(r, w + (size_t)i * row, sizeof(float) * row);
+        }
+        ok(rc == 0 && agree, "%s (%s): %d steps from %d into the engine's row give each "
+           "decode's logits bitwise%s%s", model, what, n, p, rc ? ": " : "", err.msg);
+        /* greedy steps that bring back only the argmax id (found on the device) */
+        if (!rc)
+            rc = strata_engine_rollback(e, p, &err);
+        agree = 1;
         for (int i = 0; i < n && !rc; i++) {
             int32_t next = -1;
             rc = strata_engine_eval_argmax(e, ids + p + i, 1, &next, &err);

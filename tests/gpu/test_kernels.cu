@@ -700,8 +700,10 @@ static void test_matvec_q8_innorm(uint32_t type, int64_t ne0, int64_t ne1, int n
 /* The argmax folded into a streamed one-slot product (strata_k_mvq_args.argmax_key):
  * the key names the row the host finds largest in the launch's own output, then the
  * lower of two equal rows (the winning row's bytes copied to a lower row); the launch
- * says it did it.  Two slots with a key are refused.  in_norm: the output projection's
- * way (its input normed in the launch), else streamed on request (stage 2). */
+ * says it did it.  The same launch writes its rows to mapped host memory too
+ * (strata_k_mvq_args.y_host): the same bits as y, and says so.  Two slots with a key
+ * are refused, and two with a host row.  in_norm: the output projection's way (its
+ * input normed in the launch), else streamed on request (stage 2). */
 static void test_argmax_key(uint32_t type, int64_t ne0, int64_t ne1, int in_norm)
 {
     struct strata_err err = {0, ""};
@@ -715,11 +717,14 @@ static void test_argmax_key(uint32_t type, int64_t ne0, int64_t ne1, int in_norm
     float *dx = (float *)kt_up(x, 4 * ne0), *dnw = (float *)kt_up(nw, 4 * ne0);
     float *dxn = (float *)kt_dev(4 * ne0), *dy = (float *)kt_dev(sizeof(float) * ne1);
     unsigned long long *dkey = (unsigned long long *)kt_dev(8);
+    float *hy = NULL, *hyd = NULL; /* the host row, and the device's address of it */
+    KT_CUDA(cudaHostAlloc((void **)&hy, sizeof(float) * ne1, cudaHostAllocMapped));
+    KT_CUDA(cudaHostGetDevicePointer((void **)&hyd, hy, 0));
     struct strata_k_weight kw = {type, ne0, ne1, rb, rb * ne1, dw};
     struct strata_k_norm_q8 nn = {dnw, 1e-6f, dxn, dxq};
     int rc = in_norm ? 0 : strata_k_quantize_q8(&ctx, dx, ne0, (int)ne0, 1, 0, NULL, 0.0f,
                                                 NULL, dxq, &err);
-    int good = !rc, done_all = 1, refused = 0;
+    int good = !rc, done_all = 1, refused = 0, host_same = 1, refused_host = 0;
     int64_t first = -1, second = -1;
     for (int round = 0; round < 2 && !rc; round++) {
         /* 0: as drawn; 1: the winner's row copied to a lower row (row 0's to row 1 when
@@ -734,11 +739,14 @@ static void test_argmax_key(uint32_t type, int64_t ne0, int64_t ne1, int in_norm
             a.xq = dxq;
         }
         a.y = dy;
-        int done = -1;
+        int done = -1, hdone = -1;
         a.argmax_key = dkey;
         a.argmax_done = &done;
+        a.y_host = hyd;
+        a.y_host_done = &hdone;
         KT_CUDA(cudaMemset(dkey, 0, 8));
         kt_poison(dy, sizeof(float) * ne1);
+        memset(hy, 0xff, sizeof(float) * ne1);
         rc = strata_k_matvec_q8(&ctx, &a, &err);
         KT_CUDA(cudaDeviceSynchronize());
         unsigned long long key = 0;
@@ -750,7 +758,8 @@ static void test_argmax_key(uint32_t type, int64_t ne0, int64_t ne1, int in_norm
                 best = r;
         const int64_t got = key ? (int64_t)(uint32_t)~(uint32_t)key : -1;
         good = good && !rc && got == best && done == 1;
-        done_all = done_all && done == 1;
+        done_all = done_all && done == 1 && hdone == 1;
+        host_same = host_same && !memcmp(hy, y, sizeof(float) * ne1);
         if (round == 0) {
             first = best;
             /* a lower row takes the winner's bytes: the tie goes to it */
@@ -765,17 +774,23 @@ static void test_argmax_key(uint32_t type, int64_t ne0, int64_t ne1, int in_norm
             struct strata_k_mvq_args b = a;
             b.n_slot = 2;
             refused = strata_k_matvec_q8(&ctx, &b, &err) == STRATA_E_INVALID;
+            b.argmax_key = NULL;
+            b.argmax_done = NULL;
+            refused_host = strata_k_matvec_q8(&ctx, &b, &err) == STRATA_E_INVALID;
         }
     }
-    ok(good && refused,
-       "argmax key of a streamed %s [%lld x %lld]%s: the largest row (%lld, then the lower "
-       "of two equal rows, %lld) %s, the launch %s, two slots %s %s",
+    ok(good && done_all && host_same && refused && refused_host,
+       "argmax key and host row of a streamed %s [%lld x %lld]%s: the largest row (%lld, "
+       "then the lower of two equal rows, %lld) %s, the host row %s, the launch %s, two "
+       "slots %s / %s %s",
        strata_ggml_type_name(type), (long long)ne0, (long long)ne1,
        in_norm ? " with its input norm" : "", (long long)first, (long long)second,
-       good ? "found" : "missed", done_all ? "did it" : "left it", refused ? "refused" : "taken",
-       rc ? err.msg : "");
+       good ? "found" : "missed", host_same ? "the same bits" : "differs",
+       done_all ? "did both" : "left one", refused ? "refused" : "taken",
+       refused_host ? "refused" : "taken", rc ? err.msg : "");
     cudaFree(dw); cudaFree(dxq); cudaFree(dx); cudaFree(dnw); cudaFree(dxn); cudaFree(dy);
     cudaFree(dkey);
+    cudaFreeHost(hy);
     free(w); free(x); free(nw); free(y);
 }
 

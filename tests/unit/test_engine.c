@@ -117,6 +117,24 @@ static void golden(const char *model, const char *refname, int with_extras)
                 same &= memcmp(l1, l + (size_t)t * nv, sizeof *l1 * nv) == 0;
             }
             ok(same, "%s: logits one position at a time == in one batch (bitwise)", model);
+            /* the same into the engine's row: the same bits, one buffer for every call */
+            {
+                const float *r = NULL, *r0 = NULL;
+                int agree = 1;
+                strata_engine_rollback(e, 0, &err);
+                for (int t = 0; t < n && agree; t++) {
+                    agree = !strata_engine_eval_row(e, ids + t, 1, &r, &err) &&
+                            !memcmp(r, l + (size_t)t * nv, sizeof *l1 * nv) && (!r0 || r == r0);
+                    r0 = r;
+                }
+                ok(agree && strata_engine_n_past(e) == n,
+                   "%s: strata_engine_eval_row gives each position's logits bitwise in one "
+                   "row (%s)", model, err.msg);
+                ok(strata_engine_eval_row(e, ids, 1, NULL, &err) == STRATA_E_INVALID &&
+                       strata_engine_eval_row(e, NULL, 1, &r, &err) == STRATA_E_INVALID &&
+                       strata_engine_n_past(e) == n,
+                   "strata_engine_eval_row refuses NULL ids or row: %s", err.msg);
+            }
             /* the argmax evaluation: the largest logit's id of the same positions, the
              * kv cache as after a plain eval */
             {
