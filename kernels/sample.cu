@@ -103,6 +103,96 @@ static __device__ __forceinline__ int topk_pow2(int x)
     return m;
 }
 
+/* ---- the k best of a sort's keys without sorting them all ----
+ * Split the keys into G >= k groups; the k-th largest group maximum T is at most the
+ * k-th largest key (the k groups whose maximum is >= T hold k keys >= T), so the k best
+ * are among the keys >= T.  With logits in no particular order these are a few k of the
+ * 4,096, ranked against each other; where more pass (a part in ascending order, many
+ * equal logits) the whole sort runs instead.  The same k keys in the same order either
+ * way. */
+#define TOPK_GROUPS 256 /* group maxima at most */
+#define TOPK_CAND 512   /* keys the filter may keep */
+struct topk_filter {
+    uint64_t gmax[TOPK_GROUPS];
+    uint64_t cand[TOPK_CAND];
+    uint64_t t;
+    int n_cand;
+};
+
+/* s [m] (m a power of two, at most 4 blockDim; keys past count are 0): the k largest
+ * keys at s [0..k) in descending order (the rest of s undefined), as topk_sort_desc
+ * leaves them.  Every thread of the block calls it.  filter 0: the whole sort
+ * (STRATA_NO_TOPK_FILTER=1, for measurements). */
+static __device__ void topk_select(uint64_t *s, int m, int count, int k, struct topk_filter &f,
+                                   int filter)
+{
+    /* groups of 4 lanes keys: the most lanes (at most 32) that leave k groups of count */
+    int lanes = 1;
+    while (lanes < 32 && 8 * lanes * k <= count)
+        lanes <<= 1;
+    const int gs = 4 * lanes, G = m / gs, t = threadIdx.x;
+    if (!filter || m < 256 || 4 * (int)blockDim.x < m || gs * k > count || G > TOPK_GROUPS ||
+        lanes > warpSize) {
+        topk_sort_desc(s, m);
+        return;
+    }
+    __syncthreads(); /* s as loaded */
+    uint64_t mx = 0;
+    if (t < m / 4)
+        for (int j = 0; j < 4; j++)
+            mx = max(mx, s[4 * t + j]);
+    for (int o = 1; o < lanes; o <<= 1)
+        mx = max(mx, (uint64_t)STRATA_SHFL_XOR(mx, o));
+    if (t < m / 4 && t % lanes == 0)
+        f.gmax[t / lanes] = mx;
+    if (t == 0)
+        f.n_cand = 0;
+    __syncthreads();
+    if (t < G) { /* the rank of group t's maximum (equal ones, zeros, by index) */
+        const uint64_t v = f.gmax[t];
+        int r = 0;
+        for (int g = 0; g < G; g++) {
+            const uint64_t o = f.gmax[g];
+            r += o > v || (o == v && g < t);
+        }
+        if (r == k - 1)
+            f.t = v;
+    }
+    __syncthreads();
+    const uint64_t T = f.t;
+    if (T == 0) { /* fewer than k groups hold a number */
+        topk_sort_desc(s, m);
+        return;
+    }
+    if (t < m / 4)
+        for (int j = 0; j < 4; j++) {
+            const uint64_t v = s[4 * t + j];
+            if (v >= T) {
+                const int p = atomicAdd(&f.n_cand, 1);
+                if (p < TOPK_CAND)
+                    f.cand[p] = v;
+            }
+        }
+    __syncthreads();
+    const int nc = f.n_cand;
+    if (nc > TOPK_CAND) {
+        topk_sort_desc(s, m);
+        return;
+    }
+    /* keys >= T > 0 are distinct: a candidate's place is the number larger than it */
+    uint64_t mine = 0;
+    int r = k;
+    if (t < nc) {
+        mine = f.cand[t];
+        r = 0;
+        for (int i = 0; i < nc; i++)
+            r += f.cand[i] > mine;
+    }
+    if (r < k)
+        s[r] = mine;
+    __syncthreads();
+}
+
 /* the sorted keys s [k] as ids and values at [row * k ..]: a key 0 (no number left)
  * gives id -1 and -inf */
 static __device__ void topk_write(const uint64_t *s, int k, int row, int32_t *ids, float *vals)
@@ -123,9 +213,11 @@ static __device__ void topk_write(const uint64_t *s, int k, int row, int32_t *id
  * into ids and vals.  A part longer than TOPK_SORT is taken in pieces: the k best so
  * far stay at the front while the rest refills. */
 __global__ void topk_part_kernel(const float *__restrict__ logits, int n, int span, int k,
-                                 uint64_t *__restrict__ part, int32_t *ids, float *vals)
+                                 uint64_t *__restrict__ part, int32_t *ids, float *vals,
+                                 int filter)
 {
     __shared__ uint64_t s[TOPK_SORT];
+    __shared__ struct topk_filter f;
     const float *lr = logits + (int64_t)blockIdx.y * n;
     const int begin = blockIdx.x * span, end = min(n, begin + span);
     const int m = span > TOPK_SORT ? TOPK_SORT : topk_pow2(max(span, k));
@@ -135,8 +227,9 @@ __global__ void topk_part_kernel(const float *__restrict__ logits, int n, int sp
             const int e = pos + j - have;
             s[j] = e < end ? topk_key(lr[e], e) : 0;
         }
+        const int count = have + max(0, min(m - have, end - pos));
         pos += m - have;
-        topk_sort_desc(s, m);
+        topk_select(s, m, count, k, f, filter);
         have = k;
         if (pos >= end)
             break;
@@ -153,14 +246,15 @@ __global__ void topk_part_kernel(const float *__restrict__ logits, int n, int sp
 /* Block row: the k best of the row's n_part * k part keys (<= TOPK_SORT) into ids and
  * vals [row * k ..]. */
 __global__ void topk_final_kernel(const uint64_t *__restrict__ part, int n_part, int k,
-                                  int32_t *__restrict__ ids, float *__restrict__ vals)
+                                  int32_t *__restrict__ ids, float *__restrict__ vals, int filter)
 {
     __shared__ uint64_t s[TOPK_SORT];
+    __shared__ struct topk_filter f;
     const uint64_t *pr = part + (int64_t)blockIdx.x * n_part * k;
     const int m = topk_pow2(n_part * k);
     for (int j = threadIdx.x; j < m; j += blockDim.x)
         s[j] = j < n_part * k ? pr[j] : 0;
-    topk_sort_desc(s, m);
+    topk_select(s, m, n_part * k, k, f, filter);
     topk_write(s, k, blockIdx.x, ids, vals);
 }
 
@@ -239,17 +333,19 @@ int strata_k_topk(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_
         return strata_k_err(err, STRATA_E_INVALID, "topk: bad shape n=%d n_rows=%d k=%d (k <= "
                             "%d, scratch %s)", n, n_rows, k, STRATA_K_TOPK_MAX,
                             scratch ? "given" : "missing");
+    static int no_filter = -1;
+    const int filter = !strata_k_switch_off("STRATA_NO_TOPK_FILTER", &no_filter);
     const int parts = topk_parts(n, k), span = (n + parts - 1) / parts;
     dim3 grid((unsigned)parts, (unsigned)n_rows), block(TOPK_THREADS);
     topk_part_kernel<<<grid, block, 0, ctx->stream>>>(logits, n, span, k, (uint64_t *)scratch,
-                                                       ids, vals);
+                                                       ids, vals, filter);
     int rc = strata_k_check(ctx, "topk_part_kernel", grid, block, err, "n=%d n_rows=%d k=%d", n,
                             n_rows, k);
     if (rc || parts == 1)
         return rc; /* one part: its block wrote the row's k best */
     dim3 g2((unsigned)n_rows);
     topk_final_kernel<<<g2, block, 0, ctx->stream>>>((const uint64_t *)scratch, parts, k, ids,
-                                                      vals);
+                                                      vals, filter);
     return strata_k_check(ctx, "topk_final_kernel", g2, block, err, "n_part=%d n_rows=%d k=%d",
                           parts, n_rows, k);
 }

@@ -1898,7 +1898,7 @@ static int before_ref(float v, int i, float w, int j)
 }
 
 /* ties: 0 continuous values; 1 few distinct values; 2 with NaN, -0/+0 and -inf; 3 all
- * NaN but 3 */
+ * NaN but 3; 4 all equal (but the two 50s every row has); 5 ascending */
 static void test_topk(int n, int n_rows, int k, int ties)
 {
     struct strata_err err = {0, ""};
@@ -1911,6 +1911,10 @@ static void test_topk(int n, int n_rows, int k, int ties)
             l[i] = i % 3 == 0 ? NAN : i % 3 == 1 ? -0.0f : (i % 2 ? 0.0f : -INFINITY);
         else if (ties == 3)
             l[i] = i % (n / 3) == 5 ? (float)i : NAN;
+        else if (ties == 4) /* one value: no filter of a part can keep few keys */
+            l[i] = 1.5f;
+        else if (ties == 5) /* ascending: a part's best all in its last groups */
+            l[i] = (float)(i % n) * 1e-3f;
     }
     for (int r = 0; r < n_rows; r++)
         l[(int64_t)r * n + n - 1] = l[(int64_t)r * n + 7] = 50.0f; /* tie: 7 first */
@@ -2044,6 +2048,10 @@ static void test_ops(void)
     test_topk(4096 * 70, 1, 8, 0); /* 70 parts */
     test_topk(200, 2, 64, 2);     /* one short part */
     test_topk(9000, 2, 16, 3);    /* fewer numbers than k */
+    test_topk(151936, 1, 64, 4);  /* every logit equal but two */
+    test_topk(151936, 2, 40, 5);  /* ascending */
+    test_topk(151936, 1, 1, 0);   /* greedy's k */
+    test_topk(32000, 1, 20, 0);   /* a Llama vocabulary, Qwen3's suggested top_k */
     {
         struct strata_err err = {0, ""};
         ok(strata_k_topk(&ctx, NULL, 100, 1, 65, (void *)&err, NULL, NULL, &err) ==
