@@ -41,12 +41,14 @@ extern "C" {
 /* the largest mat-vec batch: a verify window of STRATA_SPEC_MAX (16) drafts plus the
  * accepted token, so every window is bitwise the decode steps */
 #define MATVEC_MAX 17
+enum { GRAPH_ROW1 = 0, GRAPH_ALL = 1, GRAPH_HOST = 2, GRAPH_VARIANTS = 3 };
 #define PROF_MAX_EV 512
 #define PROF_MAX_OPS 64
 /* STRATA_LOGITS_TOPK: k ids, k values and the log-sum-exp (a double), then from byte
- * TOPK_SCRATCH strata_k_topk's scratch (P x k <= 4096 keys) */
+ * TOPK_SCRATCH strata_k_topk_lse's scratch (P x k <= 4096 keys, P <= 4096 parts' maxima
+ * and sums) */
 #define TOPK_SCRATCH (8 * STRATA_K_TOPK_MAX + 8)
-#define TOPK_BYTES (TOPK_SCRATCH + 8 * 4096)
+#define TOPK_BYTES (TOPK_SCRATCH + 8 * 4096 + 16 * 4096)
 
 struct dev_layer {
     float *attn_norm, *ffn_norm, *q_norm, *k_norm;
@@ -140,11 +142,13 @@ struct gpu_state {
      * against a 0.15 ms step on an H200).  A graph holds the device pointers and shapes
      * of its launches: whatever changes them (a weight's device copy, the expert slots)
      * must call graphs_drop. */
-    cudaGraphExec_t graph_exec[MATVEC_MAX + 1][2];
-    unsigned char graph_off[MATVEC_MAX + 1][2]; /* its capture failed: launched directly */
-    unsigned char graph_used[MATVEC_MAX + 1][2]; /* the shape ran once without a graph */
-    unsigned char graph_key[MATVEC_MAX + 1][2];  /* its graph makes the argmax key (key_ok) */
-    unsigned char graph_row[MATVEC_MAX + 1][2];  /* its graph writes h_row itself (row_ok) */
+    /* [n][v]: v GRAPH_ROW1 one row of logits reduced on the device (argmax, top-k),
+     * GRAPH_ALL every row, GRAPH_HOST one row for the host (also written to h_row) */
+    cudaGraphExec_t graph_exec[MATVEC_MAX + 1][GRAPH_VARIANTS];
+    unsigned char graph_off[MATVEC_MAX + 1][GRAPH_VARIANTS]; /* capture failed: direct */
+    unsigned char graph_used[MATVEC_MAX + 1][GRAPH_VARIANTS]; /* ran once without a graph */
+    unsigned char graph_key[MATVEC_MAX + 1][GRAPH_VARIANTS]; /* makes the argmax key (key_ok) */
+    unsigned char graph_row[MATVEC_MAX + 1][GRAPH_VARIANTS]; /* writes h_row itself (row_ok) */
     int use_graph;
     /* ec_graph: offloaded experts, and one-token steps read them through the expert
      * table (strata_gpu_ec_graph_mode): no host work inside such a step, so it is
@@ -463,7 +467,7 @@ static int up_vec(struct gpu_state *s, const struct strata_weight *w, float **d,
 static void graphs_drop(struct gpu_state *s)
 {
     for (int n = 0; n <= MATVEC_MAX; n++)
-        for (int a = 0; a < 2; a++) {
+        for (int a = 0; a < GRAPH_VARIANTS; a++) {
             if (s->graph_exec[n][a])
                 (void)cudaGraphExecDestroy(s->graph_exec[n][a]);
             s->graph_exec[n][a] = NULL;
@@ -1088,19 +1092,27 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
             goto out;
     }
 #endif
+    /* the row mapped for the output projection's writes, else plain pinned memory that
+     * the row is copied into (d_row stays NULL) */
+    if (cudaHostAlloc((void **)&s->h_row, 4 * (size_t)s->n_vocab, cudaHostAllocMapped) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        s->h_row = NULL;
+        if ((rc = gpu_call(s, cudaMallocHost((void **)&s->h_row, 4 * (size_t)s->n_vocab),
+                           "cudaMallocHost (logits row)", err)))
+            goto out;
+        s->host_row = 0;
+    }
     if ((rc = gpu_call(s, cudaMallocHost((void **)&s->h_logits,
                                          4 * (size_t)(2 * STRATA_K_TOPK_MAX + 2)),
                        "cudaMallocHost (logits)", err)) ||
-        (rc = gpu_call(s, cudaHostAlloc((void **)&s->h_row, 4 * (size_t)s->n_vocab,
-                                        cudaHostAllocMapped),
-                       "cudaHostAlloc (logits row)", err)) ||
         (rc = dalloc(s, (void **)&s->d_amax, 256, "argmax id", err)) ||
         (rc = dalloc(s, (void **)&s->d_key, 256, "argmax key", err)) ||
         (rc = dalloc(s, (void **)&s->d_topk, TOPK_BYTES, "top-k logits", err)))
         goto out;
     if ((o->backend_cfg && (rc = place_experts(s, o, pool, err))) || (rc = blas_warm(s, err)))
         goto out;
-    if (cudaHostGetDevicePointer((void **)&s->d_row, s->h_row, 0) != cudaSuccess) {
+    if (s->host_row && cudaHostGetDevicePointer((void **)&s->d_row, s->h_row, 0) != cudaSuccess) {
         (void)cudaGetLastError(); /* not mapped here: the row is copied */
         s->d_row = NULL;
     }
@@ -1453,15 +1465,16 @@ static int ffn_q8(struct gpu_state *s, const struct strata_k_weight *g,
  * Logits of the last token (all = 0) or of every token (all = 1) go to s->logits;
  * want_logits = 0 skips the output layer. */
 static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_logits, int all,
-                          int max_kv, struct strata_err *err)
+                          int for_host, int max_kv, struct strata_err *err)
 {
     int rc = 0, normed = 0; /* normed: s->xn, s->xq hold the next norm (fused) */
     const int E = s->n_embd;
 #define OP(name, call) (prof_mark(s, name), (rc = (call)))
     /* one row of logits: its argmax key too, for greedy steps (s->key_ok) */
     const int key = want_logits && (!all || n == 1) && s->fused_argmax;
-    /* and the row itself written to s->h_row by the launch (s->row_ok) */
-    const int hrow = want_logits && (!all || n == 1) && s->host_row && s->d_row;
+    /* and, where the host takes the row (for_host), the row itself written to s->h_row
+     * by the launch (s->row_ok) */
+    const int hrow = for_host && want_logits && (!all || n == 1) && s->host_row && s->d_row;
     s->key_ok = s->row_ok = 0;
     if (key && OP("argmax_key", gpu_call(s, cudaMemsetAsync(s->d_key, 0, sizeof(*s->d_key),
                                                             s->ctx.stream),
@@ -1685,12 +1698,13 @@ fail:
 #undef OP
 }
 
-/* Capture the forward pass of n token ids (logits of the last row, or of every row
- * with all) into s->graph_exec[n][all].  Positions and ids are read from device memory,
- * so one graph serves every position.  On failure nothing is kept and the stream is
- * out of capture mode; a device fault is left for the direct launch to report. */
-static int capture(struct gpu_state *s, int n, int all, struct strata_err *err)
+/* Capture the forward pass of n token ids (variant v: GRAPH_*) into
+ * s->graph_exec[n][v].  Positions and ids are read from device memory, so one graph
+ * serves every position.  On failure nothing is kept and the stream is out of capture
+ * mode; a device fault is left for the direct launch to report. */
+static int capture(struct gpu_state *s, int n, int v, struct strata_err *err)
 {
+    const int all = v == GRAPH_ALL;
     cudaStream_t st = s->ctx.stream;
     cudaGraph_t g = NULL;
     const int had_step = n == 1 && s->step_blocks > 0;
@@ -1698,23 +1712,23 @@ static int capture(struct gpu_state *s, int n, int all, struct strata_err *err)
                       "cudaStreamBeginCapture", err);
     if (rc)
         goto out;
-    rc = launch_forward(s, n, 0, 1, all, s->n_ctx, err);
+    rc = launch_forward(s, n, 0, 1, all, v == GRAPH_HOST, s->n_ctx, err);
     {
         cudaError_t e = cudaStreamEndCapture(st, &g);
         if (!rc)
             rc = gpu_call(s, e, "cudaStreamEndCapture", err);
     }
     if (!rc)
-        rc = gpu_call(s, cudaGraphInstantiate(&s->graph_exec[n][all], g,
+        rc = gpu_call(s, cudaGraphInstantiate(&s->graph_exec[n][v], g,
                                               cudaGraphInstantiateFlagUseNodePriority),
                       "cudaGraphInstantiate", err);
-    s->graph_key[n][all] = !rc && s->key_ok;
-    s->graph_row[n][all] = !rc && s->row_ok;
+    s->graph_key[n][v] = !rc && s->key_ok;
+    s->graph_row[n][v] = !rc && s->row_ok;
 out:
     if (g)
         (void)cudaGraphDestroy(g); /* the executable graph does not need it */
     if (rc) {
-        s->graph_exec[n][all] = NULL;
+        s->graph_exec[n][v] = NULL;
         (void)cudaGetLastError();
         if (had_step) {
             /* a runtime that cannot capture the step's cooperative launch: the separate
@@ -1724,7 +1738,7 @@ out:
             s->step_blocks = 0;
             err->code = 0;
             err->msg[0] = '\0';
-            return capture(s, n, all, err);
+            return capture(s, n, v, err);
         }
         strata_err_wrap(err, "capturing the graph of a %d-token batch: ", n);
     }
@@ -1779,6 +1793,10 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
     s->n_ev = 0;
     /* one row of logits is the same launches whichever mode asked for it */
     int rows_all = all && n > 1;
+    /* the row for the host (LAST, or ALL of one token), or reduced on the device */
+    const int for_host = want && !rows_all && b->logits != STRATA_LOGITS_ARGMAX &&
+                         b->logits != STRATA_LOGITS_TOPK;
+    const int gv = rows_all ? GRAPH_ALL : for_host ? GRAPH_HOST : GRAPH_ROW1;
     /* offloaded experts: only one-token steps through the expert table */
     const int dec_step = s->xc && s->ec_graph && n == 1;
     const int tab_step = dec_step && strata_gpu_ec_decode_graph(s->xc);
@@ -1791,28 +1809,28 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
         return rc;
     }
     int graphable = s->use_graph && n <= MATVEC_MAX && !b->embd && want &&
-                    !s->graph_off[n][rows_all] && (!s->xc || tab_step);
-    if (graphable && !s->graph_exec[n][rows_all] && !s->graph_used[n][rows_all]) {
-        s->graph_used[n][rows_all] = 1; /* first use: direct launches, no capture */
+                    !s->graph_off[n][gv] && (!s->xc || tab_step);
+    if (graphable && !s->graph_exec[n][gv] && !s->graph_used[n][gv]) {
+        s->graph_used[n][gv] = 1; /* first use: direct launches, no capture */
         graphable = 0;
     }
-    if (graphable && !s->graph_exec[n][rows_all] && capture(s, n, rows_all, err)) {
+    if (graphable && !s->graph_exec[n][gv] && capture(s, n, gv, err)) {
         strata_log_warn("%s; batches of %d token%s run without a graph", err->msg, n,
                         n == 1 ? "" : "s");
-        s->graph_off[n][rows_all] = 1;
+        s->graph_off[n][gv] = 1;
         graphable = 0;
     }
     TL_HOST(1);
     if (graphable) {
-        s->key_ok = s->graph_key[n][rows_all];
-        s->row_ok = s->graph_row[n][rows_all];
+        s->key_ok = s->graph_key[n][gv];
+        s->row_ok = s->graph_row[n][gv];
     }
     if (graphable)
-        rc = gpu_call(s, cudaGraphLaunch(s->graph_exec[n][rows_all], st),
+        rc = gpu_call(s, cudaGraphLaunch(s->graph_exec[n][gv], st),
                       n == 1 ? "cudaGraphLaunch (decode step)" : "cudaGraphLaunch (verify window)",
                       err);
     else
-        rc = launch_forward(s, n, b->embd != NULL, want, all, s->n_ctx, err);
+        rc = launch_forward(s, n, b->embd != NULL, want, all, for_host, s->n_ctx, err);
     if (!rc && tab_step)
         rc = strata_gpu_ec_graph_end(s->xc, err);
     if (rc) {
@@ -1827,11 +1845,10 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
     if (topk) {
         /* top-k sampling: the k largest found on the device, 8 k bytes back (k checked
          * above, before anything was queued) */
-        if ((rc = strata_k_topk(&s->ctx, s->logits, s->n_vocab, 1, k,
-                                (char *)s->d_topk + TOPK_SCRATCH, s->d_topk,
-                                (float *)s->d_topk + k, err)) ||
-            (b->lse && (rc = strata_k_logsumexp(&s->ctx, s->logits, s->n_vocab, 1,
-                                                (double *)(s->d_topk + 2 * k), err))) ||
+        if ((rc = strata_k_topk_lse(&s->ctx, s->logits, s->n_vocab, 1, k,
+                                    (char *)s->d_topk + TOPK_SCRATCH, s->d_topk,
+                                    (float *)s->d_topk + k,
+                                    b->lse ? (double *)(s->d_topk + 2 * k) : NULL, err)) ||
             (rc = gpu_call(s, cudaMemcpyAsync(s->h_logits, s->d_topk,
                                               8 * (size_t)k + (b->lse ? 8 : 0),
                                               cudaMemcpyDeviceToHost, st),

@@ -283,7 +283,7 @@ struct strata_k_mvq_args {
      * that a one-row pass's logits are on the host when the launch completes, with no
      * copy after it.  y is written as well.  Done by streamed launches only:
      * *y_host_done (required with y_host) is set to 1 when the launch did it, to 0 when
-     * the caller must copy y. */
+     * the caller must copy y.  Refused with a second weight (w2). */
     float *y_host;
     int *y_host_done;
     /* How PLAIN products read their weights.  2: streamed (no ids, no fused norm: a
@@ -548,8 +548,8 @@ int strata_k_logsumexp(struct strata_gpu_ctx *ctx, const float *logits, int n, i
 /* The most logits strata_k_topk returns per row. */
 #define STRATA_K_TOPK_MAX 64
 
-/* Bytes of device scratch strata_k_topk needs for these shapes (at most n_rows x 32
- * KB); 0 for shapes it refuses. */
+/* Bytes of device scratch strata_k_topk and strata_k_topk_lse need for these shapes (at
+ * most n_rows x 96 KB); 0 for shapes they refuse. */
 size_t strata_k_topk_scratch(int n, int n_rows, int k);
 
 /* The k largest logits of each of n_rows rows of n (1 <= k <= min(n,
@@ -563,6 +563,16 @@ size_t strata_k_topk_scratch(int n, int n_rows, int k);
  * STRATA_E_INVALID (shapes, missing scratch), STRATA_E_GPU. */
 int strata_k_topk(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows, int k,
                   void *scratch, int32_t *ids, float *vals, struct strata_err *err);
+
+/* strata_k_topk, and with lse (not NULL) each row's log-sum-exp into lse [n_rows], as
+ * strata_k_logsumexp computes it (the same float exponentials relative to the row's
+ * largest logit, summed in double in another order), by the same blocks' parts of the
+ * row: the parts' maxima with the top-k's first launch, their sums in a second, the
+ * total with the parts' merge - several blocks a row instead of one.  A row of one part
+ * runs strata_k_logsumexp.  Errors: those of strata_k_topk. */
+int strata_k_topk_lse(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows,
+                      int k, void *scratch, int32_t *ids, float *vals, double *lse,
+                      struct strata_err *err);
 
 /* ---- the fused decode step (decode_step.cu) ----
  * One token through every layer of a MoE model in one persistent kernel: the

@@ -821,10 +821,11 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     if (a->argmax_key)
         *a->argmax_done = 0;
     if (a->y_host && (!a->y_host_done || mode != STRATA_K_MVQ_PLAIN || a->ids ||
-                      a->n_slot != 1))
+                      a->n_slot != 1 || a->w2))
         return strata_k_err(err, STRATA_E_INVALID,
                             "matvec_q8: a host copy of the output needs a PLAIN product of one "
-                            "slot and a done flag (n_slot=%d)", a->n_slot);
+                            "slot without a second weight and a done flag (n_slot=%d)",
+                            a->n_slot);
     if (a->y_host)
         *a->y_host_done = 0;
     const int64_t ne1_all = w->ne1 + (w2 ? w2->ne1 : 0);

@@ -126,11 +126,12 @@ struct topk_filter {
 static __device__ void topk_select(uint64_t *s, int m, int count, int k, struct topk_filter &f,
                                    int filter)
 {
-    /* groups of 4 lanes keys: the most lanes (at most 32) that leave k groups of count */
+    /* groups of 4 x lanes keys: the most lanes (at most 32) that leave k groups of count */
     int lanes = 1;
     while (lanes < 32 && 8 * lanes * k <= count)
         lanes <<= 1;
-    const int gs = 4 * lanes, G = m / gs, t = threadIdx.x;
+    /* groups past count hold only zeros: not ranked */
+    const int gs = 4 * lanes, G = (count + gs - 1) / gs, t = threadIdx.x;
     if (!filter || m < 256 || 4 * (int)blockDim.x < m || gs * k > count || G > TOPK_GROUPS ||
         lanes > warpSize) {
         topk_sort_desc(s, m);
@@ -143,7 +144,7 @@ static __device__ void topk_select(uint64_t *s, int m, int count, int k, struct 
             mx = max(mx, s[4 * t + j]);
     for (int o = 1; o < lanes; o <<= 1)
         mx = max(mx, (uint64_t)STRATA_SHFL_XOR(mx, o));
-    if (t < m / 4 && t % lanes == 0)
+    if (t < m / 4 && t % lanes == 0 && t / lanes < G)
         f.gmax[t / lanes] = mx;
     if (t == 0)
         f.n_cand = 0;
@@ -214,18 +215,22 @@ static __device__ void topk_write(const uint64_t *s, int k, int row, int32_t *id
  * far stay at the front while the rest refills. */
 __global__ void topk_part_kernel(const float *__restrict__ logits, int n, int span, int k,
                                  uint64_t *__restrict__ part, int32_t *ids, float *vals,
-                                 int filter)
+                                 int filter, float *__restrict__ pmax)
 {
     __shared__ uint64_t s[TOPK_SORT];
     __shared__ struct topk_filter f;
+    __shared__ float smx[STRATA_GPU_MAX_WARP];
     const float *lr = logits + (int64_t)blockIdx.y * n;
     const int begin = blockIdx.x * span, end = min(n, begin + span);
     const int m = span > TOPK_SORT ? TOPK_SORT : topk_pow2(max(span, k));
     int have = 0;
+    float mx = -INFINITY; /* the part's largest number (pmax) */
     for (int pos = begin;;) {
         for (int j = have + threadIdx.x; j < m; j += blockDim.x) {
             const int e = pos + j - have;
-            s[j] = e < end ? topk_key(lr[e], e) : 0;
+            const float v = e < end ? lr[e] : -INFINITY;
+            mx = fmaxf(mx, v);
+            s[j] = e < end ? topk_key(v, e) : 0;
         }
         const int count = have + max(0, min(m - have, end - pos));
         pos += m - have;
@@ -241,13 +246,73 @@ __global__ void topk_part_kernel(const float *__restrict__ logits, int n, int sp
     uint64_t *out = part + ((int64_t)blockIdx.y * gridDim.x + blockIdx.x) * k;
     for (int j = threadIdx.x; j < k; j += blockDim.x)
         out[j] = s[j];
+    if (pmax) {
+        const int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
+        mx = strata_warp_max(mx);
+        if (lane == 0)
+            smx[wid] = mx;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < (int)(blockDim.x / warpSize); w++)
+                mx = fmaxf(mx, smx[w]);
+            pmax[(int64_t)blockIdx.y * gridDim.x + blockIdx.x] = mx;
+        }
+    }
+}
+
+/* the largest of a row's parts' maxima (logsumexp_kernel's mx) */
+static __device__ __forceinline__ float lse_row_max(const float *pmax, int n_part)
+{
+    float mx = pmax[0];
+    for (int i = 1; i < n_part; i++)
+        mx = fmaxf(mx, pmax[i]);
+    return mx;
+}
+
+/* Block (b, row): the sum in double of expf(l - mx) over the numbers l of its part of
+ * the row (span logits), mx the row's largest (its parts' pmax), into
+ * psum [row * gridDim.x + b]. */
+__global__ void lse_part_kernel(const float *__restrict__ logits, int n, int span,
+                                const float *__restrict__ pmax, double *__restrict__ psum)
+{
+    __shared__ double ssum[STRATA_GPU_MAX_WARP];
+    const float *lr = logits + (int64_t)blockIdx.y * n;
+    const int begin = blockIdx.x * span, end = min(n, begin + span);
+    const float mx = lse_row_max(pmax + (int64_t)blockIdx.y * gridDim.x, gridDim.x);
+    double sum = 0;
+    for (int e = begin + threadIdx.x; e < end; e += blockDim.x) {
+        const float x = lr[e];
+        if (x == x)
+            sum += (double)expf(x - mx);
+    }
+    const int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
+    for (int m = warpSize / 2; m > 0; m >>= 1)
+        sum += STRATA_SHFL_XOR(sum, m);
+    if (lane == 0)
+        ssum[wid] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0;
+        for (int w = 0; w < (int)(blockDim.x / warpSize); w++)
+            t += ssum[w];
+        psum[(int64_t)blockIdx.y * gridDim.x + blockIdx.x] = t;
+    }
 }
 
 /* Block row: the k best of the row's n_part * k part keys (<= TOPK_SORT) into ids and
  * vals [row * k ..]. */
 __global__ void topk_final_kernel(const uint64_t *__restrict__ part, int n_part, int k,
-                                  int32_t *__restrict__ ids, float *__restrict__ vals, int filter)
+                                  int32_t *__restrict__ ids, float *__restrict__ vals, int filter,
+                                  const float *__restrict__ pmax,
+                                  const double *__restrict__ psum, double *__restrict__ lse)
 {
+    if (lse && threadIdx.x == 0) { /* the parts' sums in order (lse_part_kernel) */
+        const int64_t r = (int64_t)blockIdx.x * n_part;
+        double t = 0;
+        for (int i = 0; i < n_part; i++)
+            t += psum[r + i];
+        lse[blockIdx.x] = (double)lse_row_max(pmax + r, n_part) + log(t);
+    }
     __shared__ uint64_t s[TOPK_SORT];
     __shared__ struct topk_filter f;
     const uint64_t *pr = part + (int64_t)blockIdx.x * n_part * k;
@@ -319,15 +384,25 @@ static int topk_parts(int n, int k)
     return p < pmax ? p : pmax;
 }
 
+/* scratch: the parts' keys [n_rows * P * k], then (strata_k_topk_lse) their maxima
+ * [n_rows * P] (floats, padded to 8 bytes) and sums [n_rows * P] (doubles) */
 size_t strata_k_topk_scratch(int n, int n_rows, int k)
 {
     if (n <= 0 || n_rows <= 0 || k <= 0 || k > STRATA_K_TOPK_MAX)
         return 0;
-    return (size_t)n_rows * (size_t)topk_parts(n, k) * (size_t)k * sizeof(uint64_t);
+    const size_t np = (size_t)n_rows * (size_t)topk_parts(n, k);
+    return np * (size_t)k * sizeof(uint64_t) + (np + 1) / 2 * 8 + np * sizeof(double);
 }
 
 int strata_k_topk(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows, int k,
                   void *scratch, int32_t *ids, float *vals, struct strata_err *err)
+{
+    return strata_k_topk_lse(ctx, logits, n, n_rows, k, scratch, ids, vals, NULL, err);
+}
+
+int strata_k_topk_lse(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows,
+                      int k, void *scratch, int32_t *ids, float *vals, double *lse,
+                      struct strata_err *err)
 {
     if (n <= 0 || n_rows <= 0 || k <= 0 || k > STRATA_K_TOPK_MAX || k > n || !scratch)
         return strata_k_err(err, STRATA_E_INVALID, "topk: bad shape n=%d n_rows=%d k=%d (k <= "
@@ -337,17 +412,33 @@ int strata_k_topk(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_
     const int filter = !strata_k_switch_off("STRATA_NO_TOPK_FILTER", &no_filter);
     const int parts = topk_parts(n, k), span = (n + parts - 1) / parts;
     dim3 grid((unsigned)parts, (unsigned)n_rows), block(TOPK_THREADS);
+    const size_t np = (size_t)n_rows * (size_t)parts;
+    static int no_parts = -1;
+    float *pmax = lse && parts > 1 && !strata_k_switch_off("STRATA_NO_LSE_PARTS", &no_parts)
+                      ? (float *)((char *)scratch + np * (size_t)k * sizeof(uint64_t))
+                      : NULL;
+    double *psum = pmax ? (double *)((char *)pmax + (np + 1) / 2 * 8) : NULL;
     topk_part_kernel<<<grid, block, 0, ctx->stream>>>(logits, n, span, k, (uint64_t *)scratch,
-                                                       ids, vals, filter);
+                                                       ids, vals, filter, pmax);
     int rc = strata_k_check(ctx, "topk_part_kernel", grid, block, err, "n=%d n_rows=%d k=%d", n,
                             n_rows, k);
-    if (rc || parts == 1)
-        return rc; /* one part: its block wrote the row's k best */
-    dim3 g2((unsigned)n_rows);
-    topk_final_kernel<<<g2, block, 0, ctx->stream>>>((const uint64_t *)scratch, parts, k, ids,
-                                                      vals, filter);
-    return strata_k_check(ctx, "topk_final_kernel", g2, block, err, "n_part=%d n_rows=%d k=%d",
-                          parts, n_rows, k);
+    if (!rc && pmax) {
+        lse_part_kernel<<<grid, block, 0, ctx->stream>>>(logits, n, span, pmax, psum);
+        rc = strata_k_check(ctx, "lse_part_kernel", grid, block, err, "n=%d n_rows=%d parts=%d",
+                            n, n_rows, parts);
+    }
+    if (!rc && parts > 1) { /* (one part: its block wrote the row's k best) */
+        dim3 g2((unsigned)n_rows);
+        topk_final_kernel<<<g2, block, 0, ctx->stream>>>((const uint64_t *)scratch, parts, k,
+                                                          ids, vals, filter, pmax, psum,
+                                                          pmax ? lse : NULL);
+        rc = strata_k_check(ctx, "topk_final_kernel", g2, block, err,
+                            "n_part=%d n_rows=%d k=%d", parts, n_rows, k);
+    }
+    /* one part, or STRATA_NO_LSE_PARTS=1 (for measurements): the one-block kernel */
+    if (!rc && lse && !pmax)
+        rc = strata_k_logsumexp(ctx, logits, n, n_rows, lse, err);
+    return rc;
 }
 
 int strata_k_argmax(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows,

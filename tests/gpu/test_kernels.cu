@@ -1924,13 +1924,24 @@ static void test_topk(int n, int n_rows, int k, int ties)
     int32_t *di = (int32_t *)kt_dev(4 * k * n_rows), *da = (int32_t *)kt_dev(4 * n_rows);
     void *scr = kt_dev(strata_k_topk_scratch(n, n_rows, k));
     double *dlse = (double *)kt_dev(8 * n_rows), *glse = (double *)malloc(8 * n_rows);
+    /* the top-k with the log-sum-exp from its parts: the same ids and values as alone */
+    int32_t *di2 = (int32_t *)kt_dev(4 * k * n_rows);
+    float *dv2 = (float *)kt_dev(4 * k * n_rows);
+    double *dlse2 = (double *)kt_dev(8 * n_rows), *glse2 = (double *)malloc(8 * n_rows);
+    int32_t *gi2 = (int32_t *)malloc(4 * k * n_rows);
+    float *gv2 = (float *)malloc(4 * k * n_rows);
     int rc = strata_k_topk(&ctx, dl, n, n_rows, k, scr, di, dv, &err);
     if (!rc)
         rc = strata_k_argmax(&ctx, dl, n, n_rows, da, &err);
     if (!rc)
         rc = strata_k_logsumexp(&ctx, dl, n, n_rows, dlse, &err);
+    if (!rc)
+        rc = strata_k_topk_lse(&ctx, dl, n, n_rows, k, scr, di2, dv2, dlse2, &err);
     KT_CUDA(cudaDeviceSynchronize());
     kt_down(glse, dlse, 8 * n_rows);
+    kt_down(glse2, dlse2, 8 * n_rows);
+    kt_down(gi2, di2, 4 * k * n_rows);
+    kt_down(gv2, dv2, 4 * k * n_rows);
     int lse_ok = 1;
     for (int r = 0; r < n_rows && !rc; r++) {
         /* the largest number, then float exponentials summed in double; NaN skipped */
@@ -1947,6 +1958,11 @@ static void test_topk(int n, int n_rows, int k, int ties)
         if (!(fabs(glse[r] - want) <= 1e-9 * (1 + fabs(want)))) {
             lse_ok = 0;
             diag("row %d: logsumexp %.12g, reference %.12g", r, glse[r], want);
+        }
+        /* (an all-NaN row's -inf equals itself; a NaN result never passes) */
+        if (!(glse2[r] == want || fabs(glse2[r] - want) <= 1e-9 * (1 + fabs(want)))) {
+            lse_ok = 0;
+            diag("row %d: topk_lse's log-sum-exp %.12g, reference %.12g", r, glse2[r], want);
         }
     }
     kt_down(gi, di, 4 * k * n_rows);
@@ -1972,10 +1988,14 @@ static void test_topk(int n, int n_rows, int k, int ties)
                      gv[r * k + j], b, lr[b]);
         }
     }
-    ok(good && lse_ok, "topk/argmax/logsumexp n=%d rows=%d k=%d ties=%d %s", n, n_rows, k,
-       ties, rc ? err.msg : "");
+    const int same2 = !rc && !memcmp(gi, gi2, 4 * (size_t)k * n_rows) &&
+                      !memcmp(gv, gv2, 4 * (size_t)k * n_rows);
+    ok(good && lse_ok && same2, "topk/argmax/logsumexp n=%d rows=%d k=%d ties=%d (topk_lse: "
+       "top-k %s) %s", n, n_rows, k, ties, same2 ? "the same" : "differs", rc ? err.msg : "");
     cudaFree(dl); cudaFree(dv); cudaFree(di); cudaFree(da); cudaFree(scr); cudaFree(dlse);
-    free(l); free(gi); free(am); free(gv); free(used); free(glse);
+    cudaFree(di2); cudaFree(dv2); cudaFree(dlse2);
+    free(l); free(gi); free(am); free(gv); free(used); free(glse); free(glse2); free(gi2);
+    free(gv2);
 }
 
 static void test_ops(void)
