@@ -260,6 +260,31 @@ __global__ void topk_part_kernel(const float *__restrict__ logits, int n, int sp
     }
 }
 
+/* The block's sum in double of expf(l - mx) over the numbers l of lr [begin, end)
+ * (thread t adds every blockDim-th, then the warps' shuffle trees, then the warps in
+ * order), returned to thread 0; ssum: STRATA_GPU_MAX_WARP doubles of shared memory. */
+static __device__ double lse_block_sum(const float *lr, int begin, int end, float mx,
+                                       double *ssum)
+{
+    double sum = 0;
+    for (int e = begin + threadIdx.x; e < end; e += blockDim.x) {
+        const float x = lr[e];
+        if (x == x)
+            sum += (double)expf(x - mx);
+    }
+    const int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
+    for (int m = warpSize / 2; m > 0; m >>= 1)
+        sum += STRATA_SHFL_XOR(sum, m);
+    if (lane == 0)
+        ssum[wid] = sum;
+    __syncthreads();
+    double t = 0;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < (int)(blockDim.x / warpSize); w++)
+            t += ssum[w];
+    return t;
+}
+
 /* the largest of a row's parts' maxima (logsumexp_kernel's mx) */
 static __device__ __forceinline__ float lse_row_max(const float *pmax, int n_part)
 {
@@ -279,24 +304,9 @@ __global__ void lse_part_kernel(const float *__restrict__ logits, int n, int spa
     const float *lr = logits + (int64_t)blockIdx.y * n;
     const int begin = blockIdx.x * span, end = min(n, begin + span);
     const float mx = lse_row_max(pmax + (int64_t)blockIdx.y * gridDim.x, gridDim.x);
-    double sum = 0;
-    for (int e = begin + threadIdx.x; e < end; e += blockDim.x) {
-        const float x = lr[e];
-        if (x == x)
-            sum += (double)expf(x - mx);
-    }
-    const int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
-    for (int m = warpSize / 2; m > 0; m >>= 1)
-        sum += STRATA_SHFL_XOR(sum, m);
-    if (lane == 0)
-        ssum[wid] = sum;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double t = 0;
-        for (int w = 0; w < (int)(blockDim.x / warpSize); w++)
-            t += ssum[w];
+    const double t = lse_block_sum(lr, begin, end, mx, ssum);
+    if (threadIdx.x == 0)
         psum[(int64_t)blockIdx.y * gridDim.x + blockIdx.x] = t;
-    }
 }
 
 /* Block row: the k best of the row's n_part * k part keys (<= TOPK_SORT) into ids and
@@ -344,23 +354,9 @@ __global__ void logsumexp_kernel(const float *__restrict__ logits, int n, double
     mx = smx[0];
     for (int w = 1; w < nw; w++)
         mx = fmaxf(mx, smx[w]);
-    double sum = 0;
-    for (int e = threadIdx.x; e < n; e += blockDim.x) {
-        const float x = lr[e];
-        if (x == x)
-            sum += (double)expf(x - mx);
-    }
-    for (int m = warpSize / 2; m > 0; m >>= 1)
-        sum += STRATA_SHFL_XOR(sum, m);
-    if (lane == 0)
-        ssum[wid] = sum;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double t = 0;
-        for (int w = 0; w < nw; w++)
-            t += ssum[w];
+    const double t = lse_block_sum(lr, 0, n, mx, ssum);
+    if (threadIdx.x == 0)
         out[blockIdx.x] = (double)mx + log(t);
-    }
 }
 
 #ifdef STRATA_GPU_HOST_PASS

@@ -1442,15 +1442,26 @@ static float *row_buffer(struct strata_engine *e)
     return e->argmax_row;
 }
 
+/* The last position's logits into row_buffer's row, *r set to it (on success). */
+static int eval_last_row(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
+                         float **r, struct strata_err *err)
+{
+    float *b = row_buffer(e);
+    if (!b)
+        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
+    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, 0, 0, b, err);
+    if (!rc)
+        *r = b;
+    return rc;
+}
+
 int strata_engine_eval_row(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
                            const float **row, struct strata_err *err)
 {
     if (!ids || !row)
         return strata_err_set(err, STRATA_E_INVALID, "NULL token ids or row output");
-    float *r = row_buffer(e);
-    if (!r)
-        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
-    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, 0, 0, r, err);
+    float *r = NULL;
+    int rc = eval_last_row(e, ids, n_tok, &r, err);
     if (!rc)
         *row = r;
     return rc;
@@ -1463,10 +1474,8 @@ int strata_engine_eval_argmax(struct strata_engine *e, const int32_t *ids, int32
         return strata_err_set(err, STRATA_E_INVALID, "NULL token ids or id output");
     if (e->ops->argmax)
         return eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_ARGMAX, 0, 0, (float *)next, err);
-    float *r = row_buffer(e);
-    if (!r)
-        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
-    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, 0, 0, r, err);
+    float *r = NULL;
+    int rc = eval_last_row(e, ids, n_tok, &r, err);
     if (!rc)
         *next = strata_sampler_argmax(r, (int32_t)e->m->hp.n_vocab);
     return rc;
@@ -1496,10 +1505,8 @@ int strata_engine_eval_topk(struct strata_engine *e, const int32_t *ids, int32_t
         }
         return rc;
     }
-    float *r = row_buffer(e);
-    if (!r)
-        return strata_err_set(err, STRATA_E_NOMEM, "out of memory");
-    int rc = eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_LAST, 0, 0, r, err);
+    float *r = NULL;
+    int rc = eval_last_row(e, ids, n_tok, &r, err);
     if (!rc) {
         strata_sampler_topk(r, n_vocab, top_k, top_ids, top_vals);
         if (top_ids[0] < 0)
