@@ -1470,8 +1470,9 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
     int rc = 0, normed = 0; /* normed: s->xn, s->xq hold the next norm (fused) */
     const int E = s->n_embd;
 #define OP(name, call) (prof_mark(s, name), (rc = (call)))
-    /* one row of logits: its argmax key too, for greedy steps (s->key_ok) */
-    const int key = want_logits && (!all || n == 1) && s->fused_argmax;
+    /* one row of logits reduced on the device: its argmax key too, for greedy steps
+     * (s->key_ok; a row for the host needs none, nor the memset) */
+    const int key = want_logits && (!all || n == 1) && s->fused_argmax && !for_host;
     /* and, where the host takes the row (for_host), the row itself written to s->h_row
      * by the launch (s->row_ok) */
     const int hrow = for_host && want_logits && (!all || n == 1) && s->host_row && s->d_row;

@@ -556,9 +556,11 @@ size_t strata_k_topk_scratch(int n, int n_rows, int k);
  * STRATA_K_TOPK_MAX)), best first in strata_sampler_topk's order (larger first, the
  * lower index among equal ones, -0 equal to +0, NaN never): ids [n_rows, k] and vals
  * [n_rows, k] (either may be NULL); a place without a number left gets id -1 and
- * -inf.  scratch: strata_k_topk_scratch(n, n_rows, k) bytes of device memory.  Each
- * part of a row (up to 4,096 logits) is sorted in shared memory by one block, then the
- * parts' best by one block per row: two launches (one for a row of one part).  The
+ * -inf.  scratch: strata_k_topk_scratch(n, n_rows, k) bytes of device memory.  One
+ * block takes the k best of each part of a row (up to 4,096 logits): the keys at or
+ * above the k-th largest of at least k group maxima, ranked, or where too many pass a
+ * sort of the part in shared memory; then one block per row the parts' best the same
+ * way: two launches (one for a row of one part).  The
  * engine's sampler applies top_p, min_p and temperature on these on the host.  Errors:
  * STRATA_E_INVALID (shapes, missing scratch), STRATA_E_GPU. */
 int strata_k_topk(struct strata_gpu_ctx *ctx, const float *logits, int n, int n_rows, int k,
