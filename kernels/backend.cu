@@ -1475,7 +1475,7 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
     const int key = want_logits && (!all || n == 1) && s->fused_argmax && !for_host;
     /* and, where the host takes the row (for_host), the row itself written to s->h_row
      * by the launch (s->row_ok) */
-    const int hrow = for_host && want_logits && (!all || n == 1) && s->host_row && s->d_row;
+    const int hrow = for_host && want_logits && (!all || n == 1) && s->d_row;
     s->key_ok = s->row_ok = 0;
     if (key && OP("argmax_key", gpu_call(s, cudaMemsetAsync(s->d_key, 0, sizeof(*s->d_key),
                                                             s->ctx.stream),
@@ -1792,7 +1792,7 @@ static int gpu_forward(void *state, const struct strata_batch *b, float *logits,
         return rc;
     s->cur_tokens = n;
     s->n_ev = 0;
-    /* one row of logits is the same launches whichever mode asked for it */
+    /* one row of logits: ALL of one token is the same launches as LAST */
     int rows_all = all && n > 1;
     /* the row for the host (LAST, or ALL of one token), or reduced on the device */
     const int for_host = want && !rows_all && b->logits != STRATA_LOGITS_ARGMAX &&

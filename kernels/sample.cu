@@ -247,16 +247,9 @@ __global__ void topk_part_kernel(const float *__restrict__ logits, int n, int sp
     for (int j = threadIdx.x; j < k; j += blockDim.x)
         out[j] = s[j];
     if (pmax) {
-        const int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize;
-        mx = strata_warp_max(mx);
-        if (lane == 0)
-            smx[wid] = mx;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (int w = 1; w < (int)(blockDim.x / warpSize); w++)
-                mx = fmaxf(mx, smx[w]);
+        mx = strata_block_max(mx, smx);
+        if (threadIdx.x == 0)
             pmax[(int64_t)blockIdx.y * gridDim.x + blockIdx.x] = mx;
-        }
     }
 }
 
@@ -341,19 +334,10 @@ __global__ void logsumexp_kernel(const float *__restrict__ logits, int n, double
     __shared__ float smx[STRATA_GPU_MAX_WARP];
     __shared__ double ssum[STRATA_GPU_MAX_WARP];
     const float *lr = logits + (int64_t)blockIdx.x * n;
-    const int lane = threadIdx.x % warpSize, wid = threadIdx.x / warpSize,
-              nw = blockDim.x / warpSize;
     float mx = -INFINITY;
     for (int e = threadIdx.x; e < n; e += blockDim.x)
         mx = fmaxf(mx, lr[e]);
-    for (int m = warpSize / 2; m > 0; m >>= 1)
-        mx = fmaxf(mx, STRATA_SHFL_XOR(mx, m));
-    if (lane == 0)
-        smx[wid] = mx;
-    __syncthreads();
-    mx = smx[0];
-    for (int w = 1; w < nw; w++)
-        mx = fmaxf(mx, smx[w]);
+    mx = strata_block_max(mx, smx);
     const double t = lse_block_sum(lr, 0, n, mx, ssum);
     if (threadIdx.x == 0)
         out[blockIdx.x] = (double)mx + log(t);

@@ -1444,7 +1444,7 @@ static float *row_buffer(struct strata_engine *e)
 
 /* The last position's logits into row_buffer's row, *r set to it (on success). */
 static int eval_last_row(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
-                         float **r, struct strata_err *err)
+                         const float **r, struct strata_err *err)
 {
     float *b = row_buffer(e);
     if (!b)
@@ -1460,11 +1460,7 @@ int strata_engine_eval_row(struct strata_engine *e, const int32_t *ids, int32_t 
 {
     if (!ids || !row)
         return strata_err_set(err, STRATA_E_INVALID, "NULL token ids or row output");
-    float *r = NULL;
-    int rc = eval_last_row(e, ids, n_tok, &r, err);
-    if (!rc)
-        *row = r;
-    return rc;
+    return eval_last_row(e, ids, n_tok, row, err);
 }
 
 int strata_engine_eval_argmax(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
@@ -1474,7 +1470,7 @@ int strata_engine_eval_argmax(struct strata_engine *e, const int32_t *ids, int32
         return strata_err_set(err, STRATA_E_INVALID, "NULL token ids or id output");
     if (e->ops->argmax)
         return eval_common(e, ids, NULL, n_tok, STRATA_LOGITS_ARGMAX, 0, 0, (float *)next, err);
-    float *r = NULL;
+    const float *r = NULL;
     int rc = eval_last_row(e, ids, n_tok, &r, err);
     if (!rc)
         *next = strata_sampler_argmax(r, (int32_t)e->m->hp.n_vocab);
@@ -1505,7 +1501,7 @@ int strata_engine_eval_topk(struct strata_engine *e, const int32_t *ids, int32_t
         }
         return rc;
     }
-    float *r = NULL;
+    const float *r = NULL;
     int rc = eval_last_row(e, ids, n_tok, &r, err);
     if (!rc) {
         strata_sampler_topk(r, n_vocab, top_k, top_ids, top_vals);
