@@ -287,17 +287,12 @@ static __device__ __forceinline__ void mvq_chunk_copy(uint8_t *dst, const uint8_
 
 /* Q6_K rows in a stream buffer, 32 lanes a row: mvq<KT_Q6_K>::dot's sums for units u = gl
  * + 32 k, with the row's bytes read as aligned 32-bit words of shared memory.  A lane's
- * units keep their place in the super-block (ip, l0), and super-block u / 8 advances by
- * 4 (840 bytes) a step, so every word a unit needs is at a constant offset from the
- * block's first word and off by the same two bytes (sh) for all of them: one funnel
- * shift a value, no pointer arithmetic.  Same integers, same float operations in the
- * same order as the generic dot: the same bits.  Reads up to 2 bytes past a row's last
+ * units keep their place b in the super-block, and super-block u / 8 advances by 4 (840
+ * bytes) a step, so every word a unit needs is at a constant offset from the block's
+ * first word and off by the same two bytes (sh) for all of them: one funnel shift a
+ * word, no pointer arithmetic.  Same integers, same float operations in the same order
+ * as the generic dot (q6k_unit): the same bits.  Reads up to 2 bytes past a row's last
  * block (the buffers are padded). */
-static __device__ __forceinline__ uint32_t q6_fs(uint32_t lo, uint32_t hi, int sh)
-{
-    return (uint32_t)((((uint64_t)hi << 32) | lo) >> sh);
-}
-
 template <int R>
 static __device__ __forceinline__ void q6k_sums_words(const uint8_t *buf, const size_t *roff,
                                                       int gl, int nu, const uint8_t *xr,
@@ -306,51 +301,42 @@ static __device__ __forceinline__ void q6k_sums_words(const uint8_t *buf, const 
     const int8_t *xq = (const int8_t *)xr;
     const float *xd = (const float *)(xr + 32 * nu);
     const uint32_t *W = (const uint32_t *)buf;
-    const int ip = (gl >> 2) & 1, l0 = 8 * (gl & 3), is = l0 >> 4;
-    const int qo = (64 * ip + l0) / 4, ho = (128 + 32 * ip + l0) / 4, so = (192 + 8 * ip) / 4;
-    int wb[R], sh[R];
+    const int b = gl & 7, ip = b >> 2, p = (b >> 1) & 1, lh = b & 1;
+    const int qo = 4 * b, ho = 32 + 8 * ip + 4 * lh; /* words of ql's and qh's 16 bytes */
+    int wb[R], sh[R], so[R], sb[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int off = (int)roff[r] + (gl >> 3) * 210;
+        const int t = (off & 2) + 2 * p + lh; /* the first scale's byte past wb's word 48 */
         wb[r] = off >> 2;
         sh[r] = (off & 2) * 8;
+        so[r] = 48 + 2 * ip + (t >> 2);
+        sb[r] = 8 * (t & 3);
     }
     for (int u = gl; u < nu; u += 32) {
-        const int sbk = u >> 3;
-        const int8_t *xb = xq + sbk * 256 + 128 * ip + l0;
-        int2 xv[4];
-        int xs[4];
-        float xdv[4];
-#pragma unroll
-        for (int s = 0; s < 4; s++) {
-            xv[s] = *(const int2 *)(xb + 32 * s);
-            xs[s] = q6k_xs(xv[s]);
-            xdv[s] = xd[sbk * 8 + 4 * ip + s];
-        }
+        const mvq<KT_Q6_K>::x_t x = mvq<KT_Q6_K>::xu(u, xq, xd);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const uint32_t *w = W + wb[r];
             const int h = sh[r];
-            const uint32_t q0 = w[qo], q1 = w[qo + 1], q2 = w[qo + 2];
-            const uint32_t p0 = w[qo + 8], p1 = w[qo + 9], p2 = w[qo + 10];
-            const uint32_t g0 = w[ho], g1 = w[ho + 1], g2 = w[ho + 2];
-            const uint32_t t0 = w[so], t1 = w[so + 1], t2 = w[so + 2];
-            const uint32_t a0 = q6_fs(q0, q1, h), a1 = q6_fs(q1, q2, h);
-            const uint32_t c0 = q6_fs(p0, p1, h), c1 = q6_fs(p1, p2, h);
-            const uint32_t h0 = q6_fs(g0, g1, h), h1 = q6_fs(g1, g2, h);
-            const uint32_t S0 = q6_fs(t0, t1, h), S1 = q6_fs(t1, t2, h);
+            uint32_t q[4], hb[4];
+            uint32_t ql = w[qo], hl = w[ho];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const uint32_t qn = w[qo + k + 1], hn = w[ho + k + 1];
+                q[k] = __funnelshift_r(ql, qn, h);
+                hb[k] = __funnelshift_r(hl, hn, h);
+                ql = qn;
+                hl = hn;
+            }
+            /* the two scales are 4 bytes apart: the same byte of two words */
+            const int scl = (int)(int8_t)(w[so[r]] >> sb[r]);
+            const int sch = (int)(int8_t)(w[so[r] + 1] >> sb[r]);
             /* d: bytes 208-209 of the block: the low half of word 52, or its high half
              * when the block starts two bytes into a word */
             const uint32_t dw = w[52] >> h;
-            float a = 0.0f;
-#pragma unroll
-            for (int s = 0; s < 4; s++) {
-                const int dt = q6k_dot8(a0, a1, c0, c1, h0, h1, s, xv[s], xs[s]);
-                const int j = 2 * s + is;
-                int sc = (int)(int8_t)((j < 4 ? S0 : S1) >> (8 * (j & 3)));
-                a += xdv[s] * (float)(sc * dt);
-            }
-            acc[r] += __half2float(__ushort_as_half((unsigned short)(dw & 0xffff))) * a;
+            const float d = __half2float(__ushort_as_half((unsigned short)(dw & 0xffff)));
+            acc[r] += q6k_unit(q, hb, p, scl, sch, d, x);
             wb[r] += 210;
         }
     }

@@ -121,39 +121,50 @@ static __device__ void norm_q8_row(const float *x, int n, int norm, const float 
  * dot(row, u, xq, xd): the sum over values 32u .. 32u + 31 of a row's quantised
  * weights times the q8 activations (xq: the row's int8 quants, xd: its block scales). */
 
-/* 8 bytes at a 2-byte aligned address as two words, from aligned words (funnel shifts):
- * three loads where two 4-byte reads would take four; no word past the one that holds
- * p + 7 */
-static __device__ __forceinline__ void ld8_a2(const uint8_t *p, uint32_t *lo, uint32_t *hi)
+/* n words from a 2-byte aligned address p, read as n + 1 aligned words joined by funnel
+ * shifts: no word past the one that holds byte 4 n - 1 + 2 */
+template <int N>
+static __device__ __forceinline__ void ld_words_a2(const uint8_t *p, uint32_t *w)
 {
     const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
     const uint32_t sh = ((uintptr_t)p & 2) * 8;
-    const uint32_t w0 = a[0], w1 = a[1], w2 = sh ? a[2] : 0;
-    *lo = sh ? (uint32_t)((((uint64_t)w1 << 32) | w0) >> sh) : w0;
-    *hi = sh ? (uint32_t)((((uint64_t)w2 << 32) | w1) >> sh) : w1;
+    uint32_t lo = a[0];
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+        const uint32_t hi = sh || k + 1 < N ? a[k + 1] : 0;
+        w[k] = __funnelshift_r(lo, hi, sh);
+        lo = hi;
+    }
 }
 
-/* The integer sum over Q6_K values 32 s + l0 + 0..7 of one half (ip) of a super-block
- * times their int8 activations xv (two words of 4): the low 4 bits from a0/a1 (s = 0, 2)
- * or c0/c1 (s = 1, 3), low or high nibbles by s / 2, the high 2 bits from h0/h1 at bit
- * 2 s (ggml's dequantize_row_q6_K); xs = -32 * sum xv, so that the quants enter as 0..63
- * (sum (q - 32) x = sum q x - 32 sum x, the same integer). */
-static __device__ __forceinline__ int q6k_dot8(uint32_t a0, uint32_t a1, uint32_t c0,
-                                               uint32_t c1, uint32_t h0, uint32_t h1, int s,
-                                               int2 xv, int xs)
-{
-    const uint32_t k4 = 0x0F0F0F0F, k2 = 0x03030303;
-    uint32_t lo0 = s & 1 ? c0 : a0, lo1 = s & 1 ? c1 : a1;
-    int shl = 4 * (s >> 1), shh = 2 * s;
-    int v0 = (int)(((lo0 >> shl) & k4) | (((h0 >> shh) & k2) << 4));
-    int v1 = (int)(((lo1 >> shl) & k4) | (((h1 >> shh) & k2) << 4));
-    return strata_dp4a(v0, xv.x, strata_dp4a(v1, xv.y, xs));
-}
+/* The activation part of a Q6_K unit (mvq<KT_Q6_K>::xu): the 16 activations of each of
+ * its two halves, -32 times their sums (the quants enter as 0..63: sum (q - 32) x = sum
+ * q x - 32 sum x, the same integer) and their q8 block scales. */
+struct mvq_q6k_x {
+    int4 xl, xh;
+    int sl, sh;
+    float dl, dh;
+};
 
-/* -32 times the sum of the 8 int8 activations in xv (q6k_dot8's xs) */
-static __device__ __forceinline__ int q6k_xs(int2 xv)
+/* The sum of one Q6_K unit (mvq<KT_Q6_K> says which values) from its 16 ql bytes q[4]
+ * and 16 qh bytes hb[4] as little-endian words, its slice pair p, its two 6-bit-quant
+ * scales scl, sch and the block's d: d * (xd_l scl dot_l + xd_h sch dot_h).  The low half
+ * takes the low nibbles and qh bits 2p, 2p + 1; the high half the high nibbles and bits
+ * 2p + 4, 2p + 5 (ggml's dequantize_row_q6_K).  Every kernel sums a Q6_K unit here. */
+static __device__ __forceinline__ float q6k_unit(const uint32_t *q, const uint32_t *hb, int p,
+                                                 int scl, int sch, float d,
+                                                 const struct mvq_q6k_x &x)
 {
-    return -32 * strata_dp4a(0x01010101, xv.x, strata_dp4a(0x01010101, xv.y, 0));
+    const uint32_t k4 = 0x0F0F0F0F, k2 = 0x30303030;
+    const int sl = 4 - 2 * p, sr = 2 * p;
+    int dl = x.sl, dh = x.sh;
+#define Q6_STEP(k, c)                                                                          \
+    dl = strata_dp4a((int)((q[k] & k4) | ((hb[k] << sl) & k2)), x.xl.c, dl);                   \
+    dh = strata_dp4a((int)(((q[k] >> 4) & k4) | ((hb[k] >> sr) & k2)), x.xh.c, dh);
+    Q6_STEP(0, x) Q6_STEP(1, y) Q6_STEP(2, z) Q6_STEP(3, w)
+#undef Q6_STEP
+    const float a = x.dl * (float)(scl * dl);
+    return d * fmaf(x.dh, (float)(sch * dh), a);
 }
 
 /* The 6-bit scales and mins of sub-blocks 2g and 2g + 1 of a Q4_K/Q5_K super-block
@@ -273,48 +284,44 @@ template <> struct mvq<KT_Q5_K> {
 };
 
 template <> struct mvq<KT_Q6_K> {
-    /* unit u: super-block u / 8, half ip, l0 = 8 (u % 4): values 128 ip + 32 s + l0 + j
-     * (s = 0..3, j = 0..7) from ql[64 ip + l0 + j] (s = 0, 2: low and high nibble) and
-     * ql[64 ip + 32 + l0 + j] (s = 1, 3), with bits 2s of qh[32 ip + l0 + j] on top
-     * (ggml's dequantize_row_q6_K).  Blocks are 210 bytes: 2-byte aligned only. */
-    struct x_t {
-        int2 xv[4];  /* the 8 activations of each of the 4 slices */
-        int xs[4];   /* -32 times their sums (q6k_dot8) */
-        float xd[4]; /* their q8 block scales */
-    };
+    /* unit u: super-block u / 8 and b = u % 8 in it: half ip = b / 4, slice pair p = (b /
+     * 2) % 2, l-half lh = b % 2.  Its 32 values are 128 ip + 32 p + 16 lh + j and 64
+     * further (j = 0..15): the low and the high nibbles of ql[64 ip + 32 p + 16 lh + j]
+     * (the 16 bytes at 16 b), bits 2p and 2p + 4 of qh[32 ip + 16 lh + j], scales
+     * sc[8 ip + 2 p + lh] and sc[8 ip + 2 p + lh + 4] (ggml's dequantize_row_q6_K).  Each
+     * half lies in one q8 block of the activations (4 ip + p, 4 ip + p + 2), and a lane
+     * whose units are 8 apart keeps b.  Blocks are 210 bytes: 2-byte aligned only. */
+    typedef struct mvq_q6k_x x_t;
     static __device__ __forceinline__ x_t xu(int u, const int8_t *xq, const float *xd)
     {
         x_t x;
-        const int ip = (u >> 2) & 1, l0 = 8 * (u & 3);
-        const int8_t *xb = xq + (u >> 3) * 256 + 128 * ip + l0;
-#pragma unroll
-        for (int s = 0; s < 4; s++) {
-            x.xv[s] = *(const int2 *)(xb + 32 * s);
-            x.xs[s] = q6k_xs(x.xv[s]);
-            x.xd[s] = xd[(u >> 3) * 8 + 4 * ip + s];
-        }
+        const int b = u & 7, ip = b >> 2, p = (b >> 1) & 1, lh = b & 1, one = 0x01010101;
+        const int8_t *xb = xq + (u >> 3) * 256 + 128 * ip + 32 * p + 16 * lh;
+        x.xl = *(const int4 *)xb;
+        x.xh = *(const int4 *)(xb + 64);
+        int sl = strata_dp4a(one, x.xl.x, 0), sh = strata_dp4a(one, x.xh.x, 0);
+        sl = strata_dp4a(one, x.xl.y, sl);
+        sh = strata_dp4a(one, x.xh.y, sh);
+        sl = strata_dp4a(one, x.xl.z, sl);
+        sh = strata_dp4a(one, x.xh.z, sh);
+        sl = strata_dp4a(one, x.xl.w, sl);
+        sh = strata_dp4a(one, x.xh.w, sh);
+        x.sl = -32 * sl;
+        x.sh = -32 * sh;
+        const int bi = (u >> 3) * 8 + 4 * ip + p;
+        x.dl = xd[bi];
+        x.dh = xd[bi + 2];
         return x;
     }
     static __device__ __forceinline__ float dot(const uint8_t *row, int u, const x_t &x)
     {
-        const uint8_t *b = row + (u >> 3) * 210;
-        int ip = (u >> 2) & 1, l0 = 8 * (u & 3);
-        const uint8_t *qa = b + 64 * ip + l0, *qh = b + 128 + 32 * ip + l0;
-        uint32_t a0, a1, c0, c1, h0, h1, S0, S1;
-        ld8_a2(qa, &a0, &a1);
-        ld8_a2(qa + 32, &c0, &c1);
-        ld8_a2(qh, &h0, &h1);
-        ld8_a2(b + 192 + 8 * ip, &S0, &S1); /* the 8 scales of this half */
-        const int is = l0 >> 4;
-        float acc = 0.0f;
-#pragma unroll
-        for (int s = 0; s < 4; s++) {
-            int dt = q6k_dot8(a0, a1, c0, c1, h0, h1, s, x.xv[s], x.xs[s]);
-            const int j = 2 * s + is;
-            int sc = (int)(int8_t)((j < 4 ? S0 : S1) >> (8 * (j & 3)));
-            acc += x.xd[s] * (float)(sc * dt);
-        }
-        return ldh(b + 208) * acc;
+        const uint8_t *blk = row + (u >> 3) * 210;
+        const int b = u & 7, ip = b >> 2, p = (b >> 1) & 1, lh = b & 1;
+        uint32_t q[4], hb[4];
+        ld_words_a2<4>(blk + 16 * b, q);
+        ld_words_a2<4>(blk + 128 + 32 * ip + 16 * lh, hb);
+        const uint8_t *sc = blk + 192 + 8 * ip + 2 * p + lh;
+        return q6k_unit(q, hb, p, (int)(int8_t)sc[0], (int)(int8_t)sc[4], ldh(blk + 208), x);
     }
 };
 
