@@ -278,10 +278,15 @@ static __device__ __forceinline__ void mvq_chunk_copy(uint8_t *dst, const uint8_
                                                       size_t ck, size_t total)
 {
     const size_t off = (size_t)c * ck;
-    const size_t len = min(ck, total - off), n16 = len / 16;
-    for (size_t i = threadIdx.x; i < n16; i += blockDim.x)
-        strata_cp_async16(dst + 16 * i, w + off + 16 * i, 16);
-    for (size_t i = 16 * n16 + 2 * threadIdx.x; i < len; i += 2 * blockDim.x)
+    /* a chunk is at most MVQ_STREAM_CHUNK_MAX bytes: 32-bit counts, and each thread's
+     * addresses advance by a constant step (the loop's few instructions a piece matter:
+     * the output projection is bound by its instruction rate) */
+    const unsigned len = (unsigned)min(ck, total - off), n16 = len / 16, step = 16 * blockDim.x;
+    const uint8_t *src = w + off + 16 * threadIdx.x;
+    uint8_t *d = dst + 16 * threadIdx.x;
+    for (unsigned i = threadIdx.x; i < n16; i += blockDim.x, src += step, d += step)
+        strata_cp_async16(d, src, 16);
+    for (unsigned i = 16 * n16 + 2 * threadIdx.x; i < len; i += 2 * blockDim.x)
         *(uint16_t *)(dst + i) = *(const uint16_t *)(w + off + i);
 }
 
@@ -490,9 +495,10 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
         const size_t roff[2] = {(size_t)(2 * grp) * nb1, (size_t)(2 * grp + 1) * nb1};
         const uint8_t *wb = mvq_sbuf + buf * cb;
         const int r0 = q.c * rows + 2 * grp; /* rows of the chunk's weight */
-        for (int s = 0; s < n_slot; s++) {
+        /* the slots' q8 rows: slot s reads row s / x_group, counted without a division */
+        const uint8_t *xr = NORM ? mvq_smem : p.xq;
+        for (int s = 0, sg = 0; s < n_slot; s++) {
             float acc[2] = {0.0f, 0.0f};
-            const uint8_t *xr = (NORM ? mvq_smem : p.xq) + (size_t)(s / p.x_group) * p.xq_row;
             if (T2 && q.second)
                 mvq_stream_sums<T2 ? T2 : T, TPR>(wb, roff, gl, tpr, p.nu, xr, acc);
             else
@@ -511,6 +517,10 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
                     if (p.yh)
                         yh_s[2 * grp + r] = v;
                 }
+            }
+            if (++sg == p.x_group) {
+                sg = 0;
+                xr += p.xq_row;
             }
         }
         if (p.post_cnt)
