@@ -295,7 +295,7 @@ static __device__ __forceinline__ void mvq_chunk_copy(uint8_t *dst, const uint8_
  * units keep their place b in the super-block, and super-block u / 8 advances by 4 (840
  * bytes) a step, so every word a unit needs is at a constant offset from the block's
  * first word and off by the same two bytes (sh) for all of them: one funnel shift a
- * word, no pointer arithmetic.  Same integers, same float operations in the same order
+ * word (and a constant byte of a word for the two scales), no pointer arithmetic.  Same integers, same float operations in the same order
  * as the generic dot (q6k_unit): the same bits.  Reads up to 2 bytes past a row's last
  * block (the buffers are padded). */
 template <int R>
@@ -312,7 +312,8 @@ static __device__ __forceinline__ void q6k_sums_words(const uint8_t *buf, const 
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const int off = (int)roff[r] + (gl >> 3) * 210;
-        const int t = (off & 2) + 2 * p + lh; /* the first scale's byte past wb's word 48 */
+        /* the first scale's byte past word 48 + 2 ip of the block */
+        const int t = (off & 2) + 2 * p + lh;
         wb[r] = off >> 2;
         sh[r] = (off & 2) * 8;
         so[r] = 48 + 2 * ip + (t >> 2);

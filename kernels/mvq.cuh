@@ -118,8 +118,9 @@ static __device__ void norm_q8_row(const float *x, int n, int norm, const float 
 }
 
 /* ---- per-type dot products of one 32-value unit ----
- * dot(row, u, xq, xd): the sum over values 32u .. 32u + 31 of a row's quantised
- * weights times the q8 activations (xq: the row's int8 quants, xd: its block scales). */
+ * A row is cut into units of 32 values (each type's mvq<T> says which values: not always
+ * 32 consecutive ones); mvq<T>::xu and mvq<T>::dot below give the sum over unit u of a
+ * row's quantised weights times the q8 activations. */
 
 /* n words from a 2-byte aligned address p, read as n + 1 aligned words joined by funnel
  * shifts: no word past the one that holds byte 4 n - 1 + 2 */
@@ -156,11 +157,11 @@ static __device__ __forceinline__ float q6k_unit(const uint32_t *q, const uint32
                                                  const struct mvq_q6k_x &x)
 {
     const uint32_t k4 = 0x0F0F0F0F, k2 = 0x30303030;
-    const int sl = 4 - 2 * p, sr = 2 * p;
+    const int lsh = 4 - 2 * p, rsh = 2 * p; /* qh's bits of each half to bits 4-5 */
     int dl = x.sl, dh = x.sh;
 #define Q6_STEP(k, c)                                                                          \
-    dl = strata_dp4a((int)((q[k] & k4) | ((hb[k] << sl) & k2)), x.xl.c, dl);                   \
-    dh = strata_dp4a((int)(((q[k] >> 4) & k4) | ((hb[k] >> sr) & k2)), x.xh.c, dh);
+    dl = strata_dp4a((int)((q[k] & k4) | ((hb[k] << lsh) & k2)), x.xl.c, dl);                  \
+    dh = strata_dp4a((int)(((q[k] >> 4) & k4) | ((hb[k] >> rsh) & k2)), x.xh.c, dh);
     Q6_STEP(0, x) Q6_STEP(1, y) Q6_STEP(2, z) Q6_STEP(3, w)
 #undef Q6_STEP
     const float a = x.dl * (float)(scl * dl);
