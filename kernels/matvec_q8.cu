@@ -295,9 +295,9 @@ static __device__ __forceinline__ void mvq_chunk_copy(uint8_t *dst, const uint8_
  * units keep their place b in the super-block, and super-block u / 8 advances by 4 (840
  * bytes) a step, so every word a unit needs is at a constant offset from the block's
  * first word and off by the same two bytes (sh) for all of them: one funnel shift a
- * word (and a constant byte of a word for the two scales), no pointer arithmetic.  Same integers, same float operations in the same order
- * as the generic dot (q6k_unit): the same bits.  Reads up to 2 bytes past a row's last
- * block (the buffers are padded). */
+ * word (and a constant byte of a word for the two scales), no pointer arithmetic.  Same
+ * integers, same float operations in the same order as the generic dot (q6k_unit): the
+ * same bits.  Reads up to 2 bytes past a row's last block (the buffers are padded). */
 template <int R>
 static __device__ __forceinline__ void q6k_sums_words(const uint8_t *buf, const size_t *roff,
                                                       int gl, int nu, const uint8_t *xr,

@@ -138,6 +138,14 @@ static __device__ __forceinline__ void ld_words_a2(const uint8_t *p, uint32_t *w
     }
 }
 
+/* The sum of 16 int8 values (four words) */
+static __device__ __forceinline__ int i8_sum16(int4 v)
+{
+    const int one = 0x01010101;
+    return strata_dp4a(one, v.w, strata_dp4a(one, v.z, strata_dp4a(one, v.y,
+                                                                     strata_dp4a(one, v.x, 0))));
+}
+
 /* The activation part of a Q6_K unit (mvq<KT_Q6_K>::xu): the 16 activations of each of
  * its two halves, -32 times their sums (the quants enter as 0..63: sum (q - 32) x = sum
  * q x - 32 sum x, the same integer) and their q8 block scales. */
@@ -216,18 +224,12 @@ template <> struct mvq<KT_Q4_K> {
     static __device__ __forceinline__ x_t xu(int u, const int8_t *xq, const float *xd)
     {
         x_t x;
-        const int g = (u >> 1) & 3, h = u & 1, one = 0x01010101;
+        const int g = (u >> 1) & 3, h = u & 1;
         const int8_t *xb = xq + (u >> 3) * 256 + 64 * g + 16 * h;
         x.xl = *(const int4 *)xb;
         x.xh = *(const int4 *)(xb + 32);
-        x.sl = strata_dp4a(one, x.xl.x, 0);
-        x.sl = strata_dp4a(one, x.xl.y, x.sl);
-        x.sl = strata_dp4a(one, x.xl.z, x.sl);
-        x.sl = strata_dp4a(one, x.xl.w, x.sl);
-        x.sh = strata_dp4a(one, x.xh.x, 0);
-        x.sh = strata_dp4a(one, x.xh.y, x.sh);
-        x.sh = strata_dp4a(one, x.xh.z, x.sh);
-        x.sh = strata_dp4a(one, x.xh.w, x.sh);
+        x.sl = i8_sum16(x.xl);
+        x.sh = i8_sum16(x.xh);
         const int bi = (u >> 3) * 8 + 2 * g;
         x.d0 = xd[bi];
         x.d1 = xd[bi + 1];
@@ -296,19 +298,12 @@ template <> struct mvq<KT_Q6_K> {
     static __device__ __forceinline__ x_t xu(int u, const int8_t *xq, const float *xd)
     {
         x_t x;
-        const int b = u & 7, ip = b >> 2, p = (b >> 1) & 1, lh = b & 1, one = 0x01010101;
+        const int b = u & 7, ip = b >> 2, p = (b >> 1) & 1, lh = b & 1;
         const int8_t *xb = xq + (u >> 3) * 256 + 128 * ip + 32 * p + 16 * lh;
         x.xl = *(const int4 *)xb;
         x.xh = *(const int4 *)(xb + 64);
-        int sl = strata_dp4a(one, x.xl.x, 0), sh = strata_dp4a(one, x.xh.x, 0);
-        sl = strata_dp4a(one, x.xl.y, sl);
-        sh = strata_dp4a(one, x.xh.y, sh);
-        sl = strata_dp4a(one, x.xl.z, sl);
-        sh = strata_dp4a(one, x.xh.z, sh);
-        sl = strata_dp4a(one, x.xl.w, sl);
-        sh = strata_dp4a(one, x.xh.w, sh);
-        x.sl = -32 * sl;
-        x.sh = -32 * sh;
+        x.sl = -32 * i8_sum16(x.xl);
+        x.sh = -32 * i8_sum16(x.xh);
         const int bi = (u >> 3) * 8 + 4 * ip + p;
         x.dl = xd[bi];
         x.dh = xd[bi + 2];

@@ -6,68 +6,14 @@
 
 #include "kernels.h"
 
-/* The element indices of pair p of a head: both halves of a neox pair, or 2p and 2p + 1;
- * past n_rot unrotated pairs 2p, 2p + 1. */
-static __device__ __forceinline__ void qkv_pair_idx(const struct strata_k_rope &rp, int p,
-                                                    int *i0, int *i1)
-{
-    const int half_rot = rp.n_rot / 2;
-    if (p < half_rot) {
-        *i0 = rp.mode == 2 ? p : 2 * p;
-        *i1 = rp.mode == 2 ? p + half_rot : 2 * p + 1;
-    } else {
-        *i0 = 2 * p;
-        *i1 = 2 * p + 1;
-    }
-}
-
-/* Pair p's values x0, x1 (indices i0, i1) after the head's sum of squares s2: times
- * rsqrt(s2 / hd + eps) and the norm weights nw (NULL: no norm), then, unless is_v,
- * rotated for position pos (ggml's rope_yarn).  have: the pair lies in the head (2p <
- * hd); 0 is returned without the rotation when it does not.  Every product and sum is
- * written out (fmaf where one is fused), so that each kernel that calls this gets the
- * same bits whatever the compiler contracts around it. */
-static __device__ __forceinline__ int qkv_pair_finish(const struct strata_k_rope &rp, int pos,
-                                                      int p, int i0, int i1, int hd, int have,
-                                                      const float *nw, float eps, int is_v,
-                                                      float s2, float *px0, float *px1)
-{
-    float x0 = *px0, x1 = *px1;
-    if (nw) {
-        const float sc = rsqrtf(s2 / (float)hd + eps);
-        x0 = x0 * sc * (have ? nw[i0] : 0.0f);
-        x1 = x1 * sc * (have && i1 < hd ? nw[i1] : 0.0f);
-    }
-    if (!have)
-        return 0;
-    if (!is_v && p < rp.n_rot / 2) {
-        const float theta_extrap =
-            (float)pos * powf(rp.freq_base, -2.0f * (float)p / (float)rp.n_rot);
-        const float theta_interp = rp.freq_scale * theta_extrap;
-        float theta = theta_interp, mscale = rp.attn_factor;
-        if (rp.ext_factor != 0.0f) {
-            const float y = ((float)p - rp.corr_dims[0]) /
-                            fmaxf(0.001f, rp.corr_dims[1] - rp.corr_dims[0]);
-            const float ramp = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * rp.ext_factor;
-            theta = fmaf(theta_extrap, ramp, theta_interp * (1.0f - ramp));
-            mscale *= fmaf(0.1f, logf(1.0f / rp.freq_scale), 1.0f);
-        }
-        const float c = cosf(theta) * mscale, s = sinf(theta) * mscale;
-        const float r0 = fmaf(x0, c, -(x1 * s)), r1 = fmaf(x0, s, x1 * c);
-        x0 = r0;
-        x1 = r1;
-    }
-    *px0 = x0;
-    *px1 = x1;
-    return 1;
-}
-
 /* One (head of q, k or v; token) by a group of threads: thread p (of hd / 2 rounded
- * up to 64) owns the pair of values that RoPE rotates together (qkv_pair_idx).  sum(v):
- * the group's sum of v, called by every thread of the group whatever the head, and also
- * when active is 0 (a group with no head: it only takes part in the sum), since the
- * fused decode step runs several groups in a block.  q, k and v are read through L2: in
- * the fused decode step other blocks wrote them. */
+ * up to 64) owns the pair of values that RoPE rotates together (both halves of a neox
+ * pair, or 2p and 2p + 1).  sum(v): the group's sum of v, called by every thread of the
+ * group whatever the head, and also when active is 0 (a group with no head: it only
+ * takes part in the sum), since the fused decode step runs several groups in a block.
+ * q, k and v are read through L2: in the fused decode step other blocks wrote them.
+ * Every product and sum is written out (fmaf where one is fused), so that each kernel
+ * this is inlined into gets the same bits whatever the compiler contracts around it. */
 template <class SUM>
 static __device__ void qkv_post_head(const struct strata_k_qkv_args &a,
                                      const struct strata_k_rope &rp, int hidx, int t, int p,
@@ -95,14 +41,45 @@ static __device__ void qkv_post_head(const struct strata_k_qkv_args &a,
         nw = NULL;
         is_v = 1;
     }
+    const int half_rot = rp.n_rot / 2;
+    /* element indices of this thread's pair; past n_rot unrotated pairs */
     int i0, i1;
-    qkv_pair_idx(rp, p, &i0, &i1);
+    if (p < half_rot) {
+        i0 = rp.mode == 2 ? p : 2 * p;
+        i1 = rp.mode == 2 ? p + half_rot : 2 * p + 1;
+    } else {
+        i0 = 2 * p;
+        i1 = 2 * p + 1;
+    }
     int have = 2 * p < hd;
     float x0 = have ? strata_ldcg_f(src + i0) : 0.0f;
     float x1 = have && i1 < hd ? strata_ldcg_f(src + i1) : 0.0f;
     float s2 = sum(fmaf(x0, x0, x1 * x1));
-    if (!qkv_pair_finish(rp, pos, p, i0, i1, hd, have, nw, a.eps, is_v, s2, &x0, &x1))
+    if (nw) {
+        const float sc = rsqrtf(s2 / (float)hd + a.eps);
+        x0 = x0 * sc * (have ? nw[i0] : 0.0f);
+        x1 = x1 * sc * (have && i1 < hd ? nw[i1] : 0.0f);
+    }
+    if (!have)
         return;
+    if (!is_v && p < half_rot) {
+        /* ggml's rope_yarn */
+        const float theta_extrap =
+            (float)pos * powf(rp.freq_base, -2.0f * (float)p / (float)rp.n_rot);
+        const float theta_interp = rp.freq_scale * theta_extrap;
+        float theta = theta_interp, mscale = rp.attn_factor;
+        if (rp.ext_factor != 0.0f) {
+            const float y = ((float)p - rp.corr_dims[0]) /
+                            fmaxf(0.001f, rp.corr_dims[1] - rp.corr_dims[0]);
+            const float ramp = (1.0f - fminf(1.0f, fmaxf(0.0f, y))) * rp.ext_factor;
+            theta = fmaf(theta_extrap, ramp, theta_interp * (1.0f - ramp));
+            mscale *= fmaf(0.1f, logf(1.0f / rp.freq_scale), 1.0f);
+        }
+        const float c = cosf(theta) * mscale, s = sinf(theta) * mscale;
+        const float r0 = fmaf(x0, c, -(x1 * s)), r1 = fmaf(x0, s, x1 * c);
+        x0 = r0;
+        x1 = r1;
+    }
     if (kv_head < 0) {
         src[i0] = x0;
         if (i1 < hd)
