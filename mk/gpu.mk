@@ -129,7 +129,12 @@ $(B)/gpu-tests/%: tests/gpu/%.c tests/tap.h $(B)/cuda/libstrata.a
 	    -L$(CUDA_LIBDIR) -lcudart_static -ldl $(GPU_LIBS)
 
 GPU_TESTS += $(filter $(B)/gpu-tests/test_%,$(GPU_C_BINS))
-gpu-tests: $(GPU_TESTS) $(GPU_C_BINS)
+# CUDA benchmarks of the device itself (no library)
+GPU_CU_BENCH := $(patsubst tests/gpu/%.cu,$(B)/gpu-tests/%,$(sort $(wildcard tests/gpu/bench_*.cu)))
+$(B)/gpu-tests/bench_%: tests/gpu/bench_%.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCC_FLAGS) $(CUDA_GENCODE) $< -o $@
+gpu-tests: $(GPU_TESTS) $(GPU_C_BINS) $(GPU_CU_BENCH)
 
 check-gpu: gpu-tests cuda
 	STRATA_BIN=$(abspath $(CUDA_BINDIR)) STRATA_ROOT=$(CURDIR) STRATA_BACKEND=cuda \
