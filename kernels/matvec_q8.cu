@@ -172,6 +172,14 @@ __global__ void __launch_bounds__(512, MODE == STRATA_K_MVQ_GLU ? 2 : 1)
         for (int r = 0; r < R; r++)
             roff[r] = (size_t)(grp * R + r) * p.nb1;
     }
+    /* the residual each row adds, asked for before the dot products so that its round
+     * trip is not the launch's last one */
+    float addv[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        addv[r] = MODE != STRATA_K_MVQ_GLU && p.add && r0 + r < p.ne1
+                      ? p.add[(int64_t)s * p.y_stride + r0 + r]
+                      : 0.0f;
     float acc[R], acc2[R];
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -213,7 +221,7 @@ __global__ void __launch_bounds__(512, MODE == STRATA_K_MVQ_GLU ? 2 : 1)
         if (MODE == STRATA_K_MVQ_GLU)
             out[r] = a / (1.0f + expf(-a)) * b;
         else
-            out[r] = (p.add && r0 + r < p.ne1 ? p.add[o] : 0.0f) + a;
+            out[r] = addv[r] + a;
         if (gl == 0 && r0 + r < p.ne1 && p.y) {
             p.y[o] = out[r];
             if (MODE == STRATA_K_MVQ_PLAIN)
