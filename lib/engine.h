@@ -212,8 +212,9 @@ int strata_engine_eval(struct strata_engine *e, const int32_t *ids, int32_t n_to
 /* strata_engine_eval of the last position's logits into a row the engine owns:
  * *row is set to its n_vocab floats, valid until the next call on e.  On a GPU backend
  * the row is the backend's pinned host memory, written by the device, so no copy of
- * 4 n_vocab bytes follows on the host (llama_get_logits' way).  Errors: those of strata_engine_eval, STRATA_E_INVALID (NULL ids or row),
- * STRATA_E_NOMEM; *row is left alone on error. */
+ * 4 n_vocab bytes follows on the host (llama_get_logits' way).  Errors: those of
+ * strata_engine_eval, STRATA_E_INVALID (NULL ids or row), STRATA_E_NOMEM; *row is left
+ * alone on error. */
 int strata_engine_eval_row(struct strata_engine *e, const int32_t *ids, int32_t n_tok,
                            const float **row, struct strata_err *err);
 
