@@ -27,19 +27,31 @@ template <bool VOL> static __device__ __forceinline__ float ldx(const float *x, 
 }
 
 /* This thread's part of the sum of squares of an n-value row: x[i], x[i + blockDim.x],
- * ... added in order.  STAGED: x is also copied to y (shared memory). */
+ * ... added in order.  STAGED: x is also copied to y (shared memory).  The loads of eight
+ * values are issued before their sums (a guarded load is predicated, not a branch the
+ * next load waits behind), so a 2,048-value row of a 256-thread block costs one round
+ * trip; the sum's order is i's either way. */
 template <bool VOL, bool STAGED = false>
 static __device__ __forceinline__ float row_sumsq_part(const float *x, int n, float *y)
 {
+    constexpr int B = 8;
     float s = 0.0f;
-    /* eight loads in flight: a 2,048-value row in one round trip (the sum's order is
-     * the loop's either way) */
-#pragma unroll 8
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = ldx<VOL>(x, i);
-        if (STAGED)
-            y[i] = v;
-        s = fmaf(v, v, s);
+    for (int i0 = threadIdx.x; i0 < n; i0 += B * (int)blockDim.x) {
+        float v[B];
+#pragma unroll
+        for (int j = 0; j < B; j++) {
+            const int i = i0 + j * (int)blockDim.x;
+            v[j] = i < n ? ldx<VOL>(x, i) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < B; j++) {
+            const int i = i0 + j * (int)blockDim.x;
+            if (i < n) {
+                if (STAGED)
+                    y[i] = v[j];
+                s = fmaf(v[j], v[j], s);
+            }
+        }
     }
     return s;
 }
@@ -353,6 +365,18 @@ template <> struct mvq<KT_Q8_0> {
  * units gl, gl + tpr, ... in order, then mvq_group_sum adds the lanes by a fixed
  * shuffle tree, so a row's sum depends on tpr only. */
 
+/* A lane's units (or COMBINE's items) come in batches of U: the batch's loads are
+ * issued before its sums, which a loop with a run-time bound does not do by itself (each
+ * unrolled step waits behind the branch that ends the loop).  A step past the end
+ * repeats the batch's first unit, which is in range, and adds nothing, so the sums are
+ * those of one unit at a time, in the same order. */
+template <int R, bool GLU> static __host__ __device__ constexpr int mvq_batch()
+{
+    /* GLU: its two 512-thread blocks a multiprocessor leave 64 registers a thread, and a
+     * batch of two units decoded slower there (docs/performance.md) */
+    return GLU ? 1 : R == 1 ? 4 : 2;
+}
+
 /* PLAIN and GLU: rows of w (and of u into acc2 with GLU) against the q8 row xr of nu
  * units (its quants, then its block scales 32 nu bytes in). */
 template <int T, int R, bool GLU>
@@ -363,39 +387,59 @@ static __device__ __forceinline__ void mvq_lane_sums(const uint8_t *w, const uin
 {
     const int8_t *xq = (const int8_t *)xr;
     const float *xd = (const float *)(xr + 32 * nu);
-    /* GLU: 2 R dots a unit already keep enough loads in flight, and another unit's
-     * would cost registers the two blocks a multiprocessor do not have */
-    constexpr int unroll = GLU ? 1 : 2;
-#pragma unroll unroll
-    for (int i = gl; i < nu; i += tpr) {
-        const typename mvq<T>::x_t xv = mvq<T>::xu(i, xq, xd);
+    constexpr int U = mvq_batch<R, GLU>();
+    for (int i0 = gl; i0 < nu; i0 += U * tpr) {
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            acc[r] += mvq<T>::dot(w + roff[r], i, xv);
-            if (GLU)
-                acc2[r] += mvq<T>::dot(u + roff[r], i, xv);
+        for (int v = 0; v < U; v++) {
+            const int i = i0 + v * tpr, in = i < nu, iu = in ? i : i0;
+            const typename mvq<T>::x_t xv = mvq<T>::xu(iu, xq, xd);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const float d = mvq<T>::dot(w + roff[r], iu, xv);
+                const float d2 = GLU ? mvq<T>::dot(u + roff[r], iu, xv) : 0.0f;
+                if (in) {
+                    acc[r] += d;
+                    if (GLU)
+                        acc2[r] += d2;
+                }
+            }
         }
     }
 }
 
 /* COMBINE: the k experts' rows, each dot weighted by its router weight; part(j, &w, &xr,
- * &cw) gives expert j's matrix, q8 activation row and weight. */
+ * &cw) gives expert j's matrix, q8 activation row and weight.  Items in batches of U:
+ * first every item's part (the experts' ids and weights: loads that the matrices'
+ * addresses wait for), then their units, so that a batch of items costs two round
+ * trips, not two an item.  (Three items a batch measured the same and took 128
+ * registers a thread.) */
 template <int T, int R, class PART>
 static __device__ __forceinline__ void mvq_lane_sums_k(const size_t *roff, int gl, int tpr,
                                                        int nu, int k, PART part, float *acc)
 {
     const int items = k * nu;
-#pragma unroll 4
-    for (int i = gl; i < items; i += tpr) {
-        const int j = i / nu, uu = i - j * nu;
-        const uint8_t *wb, *xr;
-        float cw;
-        part(j, &wb, &xr, &cw);
-        const typename mvq<T>::x_t xv =
-            mvq<T>::xu(uu, (const int8_t *)xr, (const float *)(xr + 32 * nu));
+    constexpr int U = 2;
+    for (int i0 = gl; i0 < items; i0 += U * tpr) {
+        const uint8_t *wb[U], *xr[U];
+        float cw[U];
+        int uu[U];
 #pragma unroll
-        for (int r = 0; r < R; r++)
-            acc[r] = fmaf(cw, mvq<T>::dot(wb + roff[r], uu, xv), acc[r]);
+        for (int v = 0; v < U; v++) {
+            const int i = i0 + v * tpr, ii = i < items ? i : i0, j = ii / nu;
+            uu[v] = ii - j * nu;
+            part(j, &wb[v], &xr[v], &cw[v]);
+        }
+#pragma unroll
+        for (int v = 0; v < U; v++) {
+            const typename mvq<T>::x_t xv =
+                mvq<T>::xu(uu[v], (const int8_t *)xr[v], (const float *)(xr[v] + 32 * nu));
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const float d = mvq<T>::dot(wb[v] + roff[r], uu[v], xv);
+                if (i0 + v * tpr < items)
+                    acc[r] = fmaf(cw[v], d, acc[r]);
+            }
+        }
     }
 }
 
