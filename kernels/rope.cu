@@ -32,10 +32,12 @@ void strata_k_rope_init(struct strata_k_rope *r, int mode, int n_rot, float freq
 __global__ void qkv_post_kernel(struct strata_k_qkv_args a, struct strata_k_rope rp, int h0)
 {
     __shared__ float scratch[STRATA_GPU_MAX_WARP];
+    /* the pair's indices, norm weights and rotation do not depend on the kernel before */
+    const struct qkv_post_pair q =
+        qkv_post_prep(a, rp, h0 + blockIdx.x, blockIdx.y, threadIdx.x);
     strata_pdl_wait();
     strata_pdl_trigger();
-    qkv_post_head(a, rp, h0 + blockIdx.x, blockIdx.y, threadIdx.x, 1,
-                  [&](float v) { return strata_block_sum(v, scratch); });
+    qkv_post_apply(a, q, 1, [&](float v) { return strata_block_sum(v, scratch); });
 }
 
 int strata_k_qkv_post_heads(struct strata_gpu_ctx *ctx, const struct strata_k_qkv_args *a,
