@@ -37,7 +37,7 @@ __global__ void qkv_post_kernel(struct strata_k_qkv_args a, struct strata_k_rope
         qkv_post_prep(a, rp, h0 + blockIdx.x, blockIdx.y, threadIdx.x);
     strata_pdl_wait();
     strata_pdl_trigger();
-    qkv_post_apply(a, q, 1, [&](float v) { return strata_block_sum(v, scratch); });
+    qkv_post_apply(a, q, [&](float v) { return strata_block_sum(v, scratch); });
 }
 
 int strata_k_qkv_post_heads(struct strata_gpu_ctx *ctx, const struct strata_k_qkv_args *a,

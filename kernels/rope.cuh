@@ -13,11 +13,11 @@
  * computes the pair's indices, weights and rotation, so a launch can run it before its
  * programmatic-dependent-launch wait; qkv_post_apply loads the pair, norms, rotates and
  * stores it.  sum(v): the group's sum of v, called by every thread of the group whatever
- * the head, and also when active is 0 (a group with no head: it only takes part in the
- * sum), since the fused decode step runs several groups in a block.  q, k and v are
- * read through L2: in the fused decode step other blocks wrote them.  Every product and
- * sum is written out (fmaf where one is fused), so that each kernel this is inlined into
- * gets the same bits whatever the compiler contracts around it. */
+ * the head, and also when qkv_post_head's active is 0 (a group with no head: it only
+ * takes part in the sum), since the fused decode step runs several groups in a block.
+ * q, k and v are read through L2: in the fused decode step other blocks wrote them.
+ * Every product and sum is written out (fmaf where one is fused), so that each kernel
+ * this is inlined into gets the same bits whatever the compiler contracts around it. */
 struct qkv_post_pair {
     float *src;     /* the head's row of q, k or v */
     __half *dst;    /* k or v: the head's row of the kv cache; q: NULL */
@@ -87,13 +87,8 @@ static __device__ __forceinline__ struct qkv_post_pair qkv_post_prep(
 
 template <class SUM>
 static __device__ __forceinline__ void qkv_post_apply(const struct strata_k_qkv_args &a,
-                                                      const struct qkv_post_pair &q,
-                                                      int active, SUM sum)
+                                                      const struct qkv_post_pair &q, SUM sum)
 {
-    if (!active) {
-        (void)sum(0.0f);
-        return;
-    }
     const int hd = a.hd;
     float x0 = q.have ? strata_ldcg_f(q.src + q.i0) : 0.0f;
     float x1 = q.have && q.i1 < hd ? strata_ldcg_f(q.src + q.i1) : 0.0f;
@@ -131,7 +126,7 @@ static __device__ void qkv_post_head(const struct strata_k_qkv_args &a,
         (void)sum(0.0f);
         return;
     }
-    qkv_post_apply(a, qkv_post_prep(a, rp, hidx, t, p), 1, sum);
+    qkv_post_apply(a, qkv_post_prep(a, rp, hidx, t, p), sum);
 }
 
 /* Threads of qkv_post_head's group for head dim hd. */
