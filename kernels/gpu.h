@@ -321,6 +321,71 @@ template <int N> static __device__ __forceinline__ void strata_cp_async_wait(voi
 #endif
 }
 
+/* The bulk copy engine (NVIDIA sm_90+: cp.async.bulk, completing on an mbarrier in
+ * shared memory; PTX ISA, "Data Movement and Conversion Instructions: cp.async.bulk" and
+ * "mbarrier").  STRATA_GPU_BULK is 1 in the device passes that have it; elsewhere these
+ * functions do nothing and a caller takes another path (`if (STRATA_GPU_BULK && ...)`).
+ * strata_mbar_init: the barrier at bar (8 bytes of shared memory) expects count arrivals
+ * a phase; the block synchronises after it before any thread waits on it.
+ * strata_bulk_copy (one thread): bytes (a multiple of 16; dst and src 16-byte aligned)
+ * from global src to shared dst, this thread's arrival on bar counting them; the copy
+ * may overwrite what the block read before its last barrier (the proxy fence orders
+ * those reads first).  strata_mbar_wait: until bar's phase of the given parity (0 for
+ * its first phase, then 1, 0, ...) is complete: the copy's bytes are then visible to the
+ * waiting thread. */
+#if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define STRATA_GPU_BULK 1
+#else
+#define STRATA_GPU_BULK 0
+#endif
+
+static __device__ __forceinline__ void strata_mbar_init(uint64_t *bar, unsigned count)
+{
+#if STRATA_GPU_BULK
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n\t"
+                 "fence.mbarrier_init.release.cluster;" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(bar)),
+                 "r"(count)
+                 : "memory");
+#else
+    (void)bar, (void)count;
+#endif
+}
+
+static __device__ __forceinline__ void strata_bulk_copy(void *dst, const void *src,
+                                                        unsigned bytes, uint64_t *bar)
+{
+#if STRATA_GPU_BULK
+    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
+    asm volatile("fence.proxy.async.shared::cta;\n\t"
+                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n\t"
+                 "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%2], [%3], %1, [%0];" ::"r"(b),
+                 "r"(bytes), "r"((uint32_t)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+#else
+    (void)dst, (void)src, (void)bytes, (void)bar;
+#endif
+}
+
+static __device__ __forceinline__ void strata_mbar_wait(uint64_t *bar, unsigned parity)
+{
+#if STRATA_GPU_BULK
+    const uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
+    uint32_t done;
+    do
+        asm volatile("{\n\t.reg .pred p;\n\t"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(b), "r"(parity)
+                     : "memory");
+    while (!done);
+#else
+    (void)bar, (void)parity;
+#endif
+}
+
 /* Ask for the 128-byte line at p in L2 (NVIDIA; a no-op elsewhere): for weights a
  * kernel reads after its strata_pdl_wait(), which do not depend on the kernel before. */
 static __device__ __forceinline__ void strata_prefetch_l2(const void *p)

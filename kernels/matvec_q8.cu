@@ -109,6 +109,9 @@ struct mvq_params {
     int *post_cnt;
     struct strata_k_qkv_args post;
     struct strata_k_rope rope;
+    /* a streamed launch's chunks copied by the bulk copy engine (STRATA_GPU_BULK device
+     * passes): every chunk's bytes a multiple of 16 from a 16-byte aligned address */
+    int bulk;
 };
 
 /* Output value v of slot s, row r: y16's copy (mvq_params.y16) */
@@ -426,6 +429,17 @@ static __device__ __forceinline__ struct mvq_chunk_of mvq_chunk_at(const struct 
     return q;
 }
 
+/* Chunk c into dst by the bulk copy engine, its arrival on bar (one thread) */
+template <int T2>
+static __device__ __forceinline__ void mvq_chunk_bulk(const struct mvq_params &p, int c, int n1,
+                                                      size_t ck, size_t ck2, uint8_t *dst,
+                                                      uint64_t *bar)
+{
+    const struct mvq_chunk_of q = mvq_chunk_at<T2>(p, c, n1, ck, ck2);
+    const size_t off = (size_t)q.c * q.ck;
+    strata_bulk_copy(dst, q.w + off, (unsigned)min(q.ck, q.total - off), bar);
+}
+
 /* The q8 dot products of a lane's units for rows roff of a chunk of type T in wb */
 template <int T, int TPR>
 static __device__ __forceinline__ void mvq_stream_sums(const uint8_t *wb, const size_t *roff,
@@ -458,7 +472,19 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
     unsigned long long best = 0; /* the argmax key of this thread's rows (p.amax) */
     /* p.yh: a chunk's rows gathered after the two buffers, then stored together */
     float *yh_s = (float *)(mvq_sbuf + 2 * cb);
-    if (c < n_chunk) {
+    /* p.bulk: one thread asks the bulk copy engine for each chunk, and every thread waits
+     * on the buffer's barrier (mbar) instead of copying 16 bytes at a time */
+    const bool bulk = STRATA_GPU_BULK && p.bulk;
+    __shared__ uint64_t mbar[2];
+    if (bulk) {
+        if (threadIdx.x == 0) {
+            strata_mbar_init(&mbar[0], 1);
+            strata_mbar_init(&mbar[1], 1);
+            if (c < n_chunk)
+                mvq_chunk_bulk<T2>(p, c, n1, ck, ck2, mvq_sbuf, &mbar[0]);
+        }
+        __syncthreads();
+    } else if (c < n_chunk) {
         const struct mvq_chunk_of q = mvq_chunk_at<T2>(p, c, n1, ck, ck2);
         mvq_chunk_copy(mvq_sbuf, q.w, q.c, q.ck, q.total);
     }
@@ -491,14 +517,23 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
             for (size_t i = threadIdx.x; i < (size_t)n_slot * p.xq_row / 16; i += blockDim.x)
                 ((uint4 *)p.inyq)[i] = ((const uint4 *)mvq_smem)[i];
     }
-    for (; c < n_chunk; c += gridDim.x, buf ^= 1) {
-        if (c + (int)gridDim.x < n_chunk) {
-            const struct mvq_chunk_of q = mvq_chunk_at<T2>(p, c + gridDim.x, n1, ck, ck2);
-            mvq_chunk_copy(mvq_sbuf + (buf ^ 1) * cb, q.w, q.c, q.ck, q.total);
+    for (int it = 0; c < n_chunk; c += gridDim.x, buf ^= 1, it++) {
+        if (bulk) {
+            /* buffer buf's (it / 2)-th chunk; the other buffer was read before the last
+             * iteration's closing barrier */
+            if (threadIdx.x == 0 && c + (int)gridDim.x < n_chunk)
+                mvq_chunk_bulk<T2>(p, c + gridDim.x, n1, ck, ck2, mvq_sbuf + (buf ^ 1) * cb,
+                                   &mbar[buf ^ 1]);
+            strata_mbar_wait(&mbar[buf], (unsigned)(it >> 1) & 1);
+        } else {
+            if (c + (int)gridDim.x < n_chunk) {
+                const struct mvq_chunk_of q = mvq_chunk_at<T2>(p, c + gridDim.x, n1, ck, ck2);
+                mvq_chunk_copy(mvq_sbuf + (buf ^ 1) * cb, q.w, q.c, q.ck, q.total);
+            }
+            strata_cp_async_commit();
+            strata_cp_async_wait<1>();
+            __syncthreads();
         }
-        strata_cp_async_commit();
-        strata_cp_async_wait<1>();
-        __syncthreads();
         const struct mvq_chunk_of q = mvq_chunk_at<T2>(p, c, n1, ck, ck2);
         const size_t nb1 = q.second ? p.nb1_2 : p.nb1;
         const size_t roff[2] = {(size_t)(2 * grp) * nb1, (size_t)(2 * grp + 1) * nb1};
@@ -512,20 +547,19 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
                 mvq_stream_sums<T2 ? T2 : T, TPR>(wb, roff, gl, tpr, p.nu, xr, acc);
             else
                 mvq_stream_sums<T, TPR>(wb, roff, gl, tpr, p.nu, xr, acc);
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                const float a = mvq_group_sum(acc[r], tpr);
-                const int col = q.col0 + r0 + r;
-                const int64_t o = (int64_t)s * p.y_stride + col;
-                if (gl == 0 && r0 + r < q.ne1) {
-                    const float v = (p.add ? p.add[o] : 0.0f) + a;
-                    p.y[o] = v;
-                    mvq_store16(p, s, col, v);
-                    if (p.amax)
-                        best = max(best, strata_argmax_key(v, col));
-                    if (p.yh)
-                        yh_s[2 * grp + r] = v;
-                }
+            /* the two rows' sums in one shuffle tree: row r in lanes r tpr / 2 .. */
+            const int r = gl >= tpr / 2;
+            const float a = mvq_group_sum2(acc[0], acc[1], tpr, r);
+            const int col = q.col0 + r0 + r;
+            const int64_t o = (int64_t)s * p.y_stride + col;
+            if (gl == r * (tpr / 2) && r0 + r < q.ne1) {
+                const float v = (p.add ? p.add[o] : 0.0f) + a;
+                p.y[o] = v;
+                mvq_store16(p, s, col, v);
+                if (p.amax)
+                    best = max(best, strata_argmax_key(v, col));
+                if (p.yh)
+                    yh_s[2 * grp + r] = v;
             }
             if (++sg == p.x_group) {
                 sg = 0;
@@ -579,6 +613,14 @@ static int mvq_stream_on(void)
     return !strata_k_switch_off("STRATA_NO_MVQ_STREAM", &off);
 }
 
+/* STRATA_NO_MVQ_BULK=1: streamed chunks copied 16 bytes a thread, not by the bulk copy
+ * engine (read once) */
+static int mvq_bulk_on(void)
+{
+    static int off = -1;
+    return !strata_k_switch_off("STRATA_NO_MVQ_BULK", &off);
+}
+
 /* Launches of mvq_stream_kernel so far (strata_k_mvq_stream_launches) */
 static unsigned long mvq_stream_count;
 
@@ -602,13 +644,18 @@ static pthread_mutex_t mvq_stream_lock = PTHREAD_MUTEX_INITIALIZER;
  * blocks as the device holds at once.  *done = 0 (and 0 returned) when the device cannot
  * run it with that shared memory: the caller launches mvq_kernel instead. */
 template <int T, int TPR, bool NORM, int T2 = 0>
-static int mvq_stream_launch_t(struct strata_gpu_ctx *ctx, const struct mvq_params &p,
+static int mvq_stream_launch_t(struct strata_gpu_ctx *ctx, const struct mvq_params &p0,
                                int n_slot, int threads, int *done, struct strata_err *err)
 {
     static struct mvq_stream_cache cache;
+    struct mvq_params p = p0;
     const int rows = threads / p.tpr * 2;
     /* each buffer padded by 16 bytes (q6k_sums_words reads 2 past a row's end) */
     const size_t ck = (size_t)rows * p.nb1, ck2 = (size_t)rows * p.nb1_2; /* nb1_2 0: none */
+    /* the bulk copy engine takes whole 16-byte pieces from 16-byte aligned addresses:
+     * every chunk's, the last included (ck and ck2 are multiples of 16) */
+    p.bulk = mvq_bulk_on() && (uintptr_t)p.w % 16 == 0 && (size_t)p.ne1 * p.nb1 % 16 == 0 &&
+             (!T2 || ((uintptr_t)p.w2 % 16 == 0 && (size_t)p.ne1_2 * p.nb1_2 % 16 == 0));
     const size_t cb = (T2 && ck2 > ck ? ck2 : ck) + 16;
     const size_t smem = 2 * cb + (p.yh ? sizeof(float) * rows : 0) +
                         (NORM ? (size_t)n_slot * p.xq_row : 0);

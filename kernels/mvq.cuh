@@ -451,6 +451,20 @@ static __device__ __forceinline__ float mvq_group_sum(float a, int tpr)
     return a;
 }
 
+/* mvq_group_sum of two rows at once: lane gl of a tpr-lane group (tpr >= 2) gets row
+ * 0's sum (a0 of every lane) when gl < tpr / 2 (hi 0), row 1's (a1) otherwise (hi 1).
+ * The tree's first step adds lanes gl and gl ^ tpr / 2, which then hold the same sum of
+ * one row, so each half of the group finishes one row: the bits mvq_group_sum gives
+ * each row, for half the shuffles. */
+static __device__ __forceinline__ float mvq_group_sum2(float a0, float a1, int tpr, int hi)
+{
+    const int m = tpr / 2;
+    float a = (hi ? a1 : a0) + STRATA_SHFL_XOR(hi ? a0 : a1, m);
+    for (int k = m / 2; k > 0; k >>= 1)
+        a += STRATA_SHFL_XOR(a, k);
+    return a;
+}
+
 /* Bytes of a q8 row of n values: n int8 quants and n / 32 float scales, padded to 16
  * (strata_k_q8_row_bytes). */
 static __host__ __device__ inline size_t mvq_q8_row(int64_t n)
