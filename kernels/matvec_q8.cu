@@ -215,20 +215,45 @@ __global__ void __launch_bounds__(512, MODE == STRATA_K_MVQ_GLU ? 2 : 1)
         mvq_lane_sums<T, R, MODE == STRATA_K_MVQ_GLU>(wr, ur, roff, gl, tpr, p.nu, xr, acc,
                                                         acc2);
     }
+    /* two sums in one shuffle tree (mvq_group_sum2, the same bits): GLU a row's gate and
+     * up sums, which every lane then gets; the others two rows, stored by lanes 0 and
+     * tpr / 2 */
+    const int hi = gl >= tpr / 2;
     float out[R];
+    if (MODE == STRATA_K_MVQ_GLU || R % 2) {
 #pragma unroll
-    for (int r = 0; r < R; r++) {
-        const float a = mvq_group_sum(acc[r], tpr);
-        const float b = MODE == STRATA_K_MVQ_GLU ? mvq_group_sum(acc2[r], tpr) : 0.0f;
-        int64_t o = (int64_t)s * p.y_stride + r0 + r;
-        if (MODE == STRATA_K_MVQ_GLU)
-            out[r] = a / (1.0f + expf(-a)) * b;
-        else
-            out[r] = addv[r] + a;
-        if (gl == 0 && r0 + r < p.ne1 && p.y) {
-            p.y[o] = out[r];
-            if (MODE == STRATA_K_MVQ_PLAIN)
-                mvq_store16(p, s, r0 + r, out[r]);
+        for (int r = 0; r < R; r++) {
+            float a, b = 0.0f;
+            if (MODE == STRATA_K_MVQ_GLU) {
+                const float h = mvq_group_sum2(acc[r], acc2[r], tpr, hi);
+                const float o2 = STRATA_SHFL_XOR(h, tpr / 2);
+                a = hi ? o2 : h;
+                b = hi ? h : o2;
+            } else {
+                a = mvq_group_sum(acc[r], tpr);
+            }
+            int64_t o = (int64_t)s * p.y_stride + r0 + r;
+            if (MODE == STRATA_K_MVQ_GLU)
+                out[r] = a / (1.0f + expf(-a)) * b;
+            else
+                out[r] = addv[r] + a;
+            if (gl == 0 && r0 + r < p.ne1 && p.y) {
+                p.y[o] = out[r];
+                if (MODE == STRATA_K_MVQ_PLAIN)
+                    mvq_store16(p, s, r0 + r, out[r]);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < R; r += 2) {
+            const int rr = r0 + r + hi;
+            const float v = (hi ? addv[r + 1] : addv[r]) +
+                            mvq_group_sum2(acc[r], acc[r + 1], tpr, hi);
+            if (gl == hi * (tpr / 2) && rr < p.ne1 && p.y) {
+                p.y[(int64_t)s * p.y_stride + rr] = v;
+                if (MODE == STRATA_K_MVQ_PLAIN)
+                    mvq_store16(p, s, rr, v);
+            }
         }
     }
     if (MODE == STRATA_K_MVQ_GLU && p.yq) {
