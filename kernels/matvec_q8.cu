@@ -465,24 +465,24 @@ static __device__ __forceinline__ void mvq_chunk_bulk(const struct mvq_params &p
     strata_bulk_copy(dst, q.w + off, (unsigned)min(q.ck, q.total - off), bar);
 }
 
-/* The q8 dot products of a lane's units for rows roff of a chunk of type T in wb */
-template <int T, int TPR>
+/* The q8 dot products of a lane's units for the RG rows roff of a chunk of type T in wb */
+template <int T, int TPR, int RG>
 static __device__ __forceinline__ void mvq_stream_sums(const uint8_t *wb, const size_t *roff,
                                                        int gl, int tpr, int nu,
                                                        const uint8_t *xr, float *acc)
 {
-    float acc2[2];
+    float acc2[RG];
     if (T == KT_Q6_K && TPR == 32)
-        q6k_sums_words<2>(wb, roff, gl, nu, xr, acc);
+        q6k_sums_words<RG>(wb, roff, gl, nu, xr, acc);
     else
-        mvq_lane_sums<T, 2, false>(wb, NULL, roff, gl, tpr, nu, xr, acc, acc2);
+        mvq_lane_sums<T, RG, false>(wb, NULL, roff, gl, tpr, nu, xr, acc, acc2);
 }
 
 /* T2: the type of a second weight whose rows follow w's (mvq_params.w2), 0 for none;
  * n_chunk counts both weights' chunks (n1 of them w's), ck / ck2 their chunk bytes, cb
  * a buffer's bytes (the larger, padded) */
-template <int T, int TPR, bool NORM, int T2 = 0>
-__global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p, int n_slot,
+template <int T, int TPR, bool NORM, int T2 = 0, int RG = 2>
+__global__ void __launch_bounds__(256, RG == 2 ? 4 : 2) mvq_stream_kernel(struct mvq_params p, int n_slot,
                                                             int n_chunk, int n1, size_t ck,
                                                             size_t ck2, size_t cb)
 {
@@ -492,7 +492,7 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
     /* TPR (32, the output projection's) known when compiling: a lane's units then keep
      * their place in the super-block, and their offsets reduce to constants */
     const int tpr = TPR ? TPR : p.tpr, gl = threadIdx.x % tpr, grp = threadIdx.x / tpr;
-    const int rows = (int)(blockDim.x / tpr) * 2;
+    const int rows = (int)(blockDim.x / tpr) * RG;
     int c = blockIdx.x, buf = 0;
     unsigned long long best = 0; /* the argmax key of this thread's rows (p.amax) */
     /* p.yh: a chunk's rows gathered after the two buffers, then stored together */
@@ -561,30 +561,39 @@ __global__ void __launch_bounds__(256, 4) mvq_stream_kernel(struct mvq_params p,
         }
         const struct mvq_chunk_of q = mvq_chunk_at<T2>(p, c, n1, ck, ck2);
         const size_t nb1 = q.second ? p.nb1_2 : p.nb1;
-        const size_t roff[2] = {(size_t)(2 * grp) * nb1, (size_t)(2 * grp + 1) * nb1};
+        size_t roff[RG];
+#pragma unroll
+        for (int r = 0; r < RG; r++)
+            roff[r] = (size_t)(RG * grp + r) * nb1;
         const uint8_t *wb = mvq_sbuf + buf * cb;
-        const int r0 = q.c * rows + 2 * grp; /* rows of the chunk's weight */
+        const int r0 = q.c * rows + RG * grp; /* rows of the chunk's weight */
         /* the slots' q8 rows: slot s reads row s / x_group, counted without a division */
         const uint8_t *xr = NORM ? mvq_smem : p.xq;
         for (int s = 0, sg = 0; s < n_slot; s++) {
-            float acc[2] = {0.0f, 0.0f};
+            float acc[RG];
+#pragma unroll
+            for (int r = 0; r < RG; r++)
+                acc[r] = 0.0f;
             if (T2 && q.second)
-                mvq_stream_sums<T2 ? T2 : T, TPR>(wb, roff, gl, tpr, p.nu, xr, acc);
+                mvq_stream_sums<T2 ? T2 : T, TPR, RG>(wb, roff, gl, tpr, p.nu, xr, acc);
             else
-                mvq_stream_sums<T, TPR>(wb, roff, gl, tpr, p.nu, xr, acc);
-            /* the two rows' sums in one shuffle tree: row r in lanes r tpr / 2 .. */
-            const int r = gl >= tpr / 2;
-            const float a = mvq_group_sum2(acc[0], acc[1], tpr, r);
-            const int col = q.col0 + r0 + r;
-            const int64_t o = (int64_t)s * p.y_stride + col;
-            if (gl == r * (tpr / 2) && r0 + r < q.ne1) {
-                const float v = (p.add ? p.add[o] : 0.0f) + a;
-                p.y[o] = v;
-                mvq_store16(p, s, col, v);
-                if (p.amax)
-                    best = max(best, strata_argmax_key(v, col));
-                if (p.yh)
-                    yh_s[2 * grp + r] = v;
+                mvq_stream_sums<T, TPR, RG>(wb, roff, gl, tpr, p.nu, xr, acc);
+            /* two rows' sums in one shuffle tree: row r0 + r2 + h in lanes h tpr / 2 .. */
+            const int h = gl >= tpr / 2;
+#pragma unroll
+            for (int r2 = 0; r2 < RG; r2 += 2) {
+                const float a = mvq_group_sum2(acc[r2], acc[r2 + 1], tpr, h);
+                const int r = r2 + h, col = q.col0 + r0 + r;
+                const int64_t o = (int64_t)s * p.y_stride + col;
+                if (gl == h * (tpr / 2) && r0 + r < q.ne1) {
+                    const float v = (p.add ? p.add[o] : 0.0f) + a;
+                    p.y[o] = v;
+                    mvq_store16(p, s, col, v);
+                    if (p.amax)
+                        best = max(best, strata_argmax_key(v, col));
+                    if (p.yh)
+                        yh_s[RG * grp + r] = v;
+                }
             }
             if (++sg == p.x_group) {
                 sg = 0;
@@ -646,6 +655,14 @@ static int mvq_bulk_on(void)
     return !strata_k_switch_off("STRATA_NO_MVQ_BULK", &off);
 }
 
+/* STRATA_NO_MVQ_ROWS4=1: streamed Q6_K products two rows a lane group, not four (read
+ * once) */
+static int mvq_rows4_on(void)
+{
+    static int off = -1;
+    return !strata_k_switch_off("STRATA_NO_MVQ_ROWS4", &off);
+}
+
 /* Launches of mvq_stream_kernel so far (strata_k_mvq_stream_launches) */
 static unsigned long mvq_stream_count;
 
@@ -665,16 +682,16 @@ struct mvq_stream_cache {
 };
 static pthread_mutex_t mvq_stream_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Launch mvq_stream_kernel<T, TPR, NORM, T2> with threads threads a block and as many
+/* Launch mvq_stream_kernel<T, TPR, NORM, T2, RG> with threads threads a block and as many
  * blocks as the device holds at once.  *done = 0 (and 0 returned) when the device cannot
  * run it with that shared memory: the caller launches mvq_kernel instead. */
-template <int T, int TPR, bool NORM, int T2 = 0>
+template <int T, int TPR, bool NORM, int T2 = 0, int RG = 2>
 static int mvq_stream_launch_t(struct strata_gpu_ctx *ctx, const struct mvq_params &p0,
                                int n_slot, int threads, int *done, struct strata_err *err)
 {
     static struct mvq_stream_cache cache;
     struct mvq_params p = p0;
-    const int rows = threads / p.tpr * 2;
+    const int rows = threads / p.tpr * RG;
     /* each buffer padded by 16 bytes (q6k_sums_words reads 2 past a row's end) */
     const size_t ck = (size_t)rows * p.nb1, ck2 = (size_t)rows * p.nb1_2; /* nb1_2 0: none */
     /* the bulk copy engine takes whole 16-byte pieces from 16-byte aligned addresses:
@@ -687,7 +704,7 @@ static int mvq_stream_launch_t(struct strata_gpu_ctx *ctx, const struct mvq_para
     const int n1 = (int)((p.ne1 + rows - 1) / rows);
     const int n_chunk = n1 + (T2 ? (int)((p.ne1_2 + rows - 1) / rows) : 0);
     const int dev = ctx->info.device;
-    const void *k = reinterpret_cast<const void *>(mvq_stream_kernel<T, TPR, NORM, T2>);
+    const void *k = reinterpret_cast<const void *>(mvq_stream_kernel<T, TPR, NORM, T2, RG>);
     *done = 0;
     if (dev < 0 || dev >= MVQ_STREAM_DEVS ||
         (ctx->info.smem_optin && smem > ctx->info.smem_optin))
@@ -721,7 +738,7 @@ static int mvq_stream_launch_t(struct strata_gpu_ctx *ctx, const struct mvq_para
     if (blocks > n_chunk)
         blocks = n_chunk;
     dim3 grid((unsigned)blocks), block((unsigned)threads);
-    strata_k_launch_smem(ctx, mvq_stream_kernel<T, TPR, NORM, T2>, grid, block, smem, p,
+    strata_k_launch_smem(ctx, mvq_stream_kernel<T, TPR, NORM, T2, RG>, grid, block, smem, p,
                          n_slot, n_chunk, n1, ck, ck2, cb);
     *done = 1;
     __atomic_add_fetch(&mvq_stream_count, 1, __ATOMIC_RELAXED);
@@ -745,6 +762,14 @@ static int mvq_stream_launch(struct strata_gpu_ctx *ctx, const struct mvq_params
                    ? mvq_stream_launch_t<t, 32, true, KT_Q6_K>(ctx, p, n_slot, threads, done, err)
                    : mvq_stream_launch_t<t, 0, true, KT_Q6_K>(ctx, p, n_slot, threads, done, err);
     }
+    /* Q6_K rows of 32 lanes (the output projection): four rows a group, so that a
+     * lane's activation part and a chunk's set-up serve twice the rows (the launch is
+     * bound by its instructions), in chunks of up to 64 KB: two blocks a
+     * multiprocessor; each row's sum as with two */
+    if (T == KT_Q6_K && p.tpr == 32 && !p.post_cnt && threads == 256 &&
+        (size_t)threads / 32 * 4 * p.nb1 <= 2 * MVQ_STREAM_CHUNK_MAX && mvq_rows4_on())
+        return p.xin ? mvq_stream_launch_t<T, 32, true, 0, 4>(ctx, p, n_slot, threads, done, err)
+                     : mvq_stream_launch_t<T, 32, false, 0, 4>(ctx, p, n_slot, threads, done, err);
     if (p.xin)
         return p.tpr == 32 ? mvq_stream_launch_t<T, 32, true>(ctx, p, n_slot, threads, done, err)
                            : mvq_stream_launch_t<T, 0, true>(ctx, p, n_slot, threads, done, err);
