@@ -680,10 +680,12 @@ static pthread_mutex_t mvq_stream_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Launch mvq_stream_kernel<T, TPR, NORM, T2, RG> with threads threads a block and as many
  * blocks as the device holds at once.  *done = 0 (and 0 returned) when the device cannot
- * run it with that shared memory: the caller launches mvq_kernel instead. */
+ * run it with that shared memory, or holds fewer than min_per blocks a multiprocessor:
+ * the caller launches another way. */
 template <int T, int TPR, bool NORM, int T2 = 0, int RG = 2>
 static int mvq_stream_launch_t(struct strata_gpu_ctx *ctx, const struct mvq_params &p0,
-                               int n_slot, int threads, int *done, struct strata_err *err)
+                               int n_slot, int threads, int *done, struct strata_err *err,
+                               int min_per = 1)
 {
     static struct mvq_stream_cache cache;
     struct mvq_params p = p0;
@@ -728,7 +730,7 @@ static int mvq_stream_launch_t(struct strata_gpu_ctx *ctx, const struct mvq_para
     if (ok)
         per = cache.per[dev];
     pthread_mutex_unlock(&mvq_stream_lock);
-    if (per <= 0)
+    if (per <= 0 || per < min_per)
         return 0;
     int blocks = per * ctx->info.n_sm;
     if (blocks > n_chunk)
@@ -759,13 +761,17 @@ static int mvq_stream_launch(struct strata_gpu_ctx *ctx, const struct mvq_params
                    : mvq_stream_launch_t<t, 0, true, KT_Q6_K>(ctx, p, n_slot, threads, done, err);
     }
     /* Q6_K rows of 32 lanes (the output projection): four rows a group, so that a
-     * lane's activation part and a chunk's set-up serve twice the rows (the launch is
-     * bound by its instructions), in chunks of up to 64 KB: two blocks a
-     * multiprocessor; each row's sum as with two */
+     * lane's activation part and a chunk's set-up serve twice the rows (fewer
+     * instructions, docs/performance.md), in chunks of up to 64 KB: two blocks a
+     * multiprocessor (where the device holds fewer, two rows a group) */
     if (T == KT_Q6_K && p.tpr == 32 && !p.post_cnt && threads == 256 &&
-        (size_t)threads / 32 * 4 * p.nb1 <= 2 * MVQ_STREAM_CHUNK_MAX && mvq_rows4_on())
-        return p.xin ? mvq_stream_launch_t<T, 32, true, 0, 4>(ctx, p, n_slot, threads, done, err)
-                     : mvq_stream_launch_t<T, 32, false, 0, 4>(ctx, p, n_slot, threads, done, err);
+        (size_t)threads / 32 * 4 * p.nb1 <= 2 * MVQ_STREAM_CHUNK_MAX && mvq_rows4_on()) {
+        const int rc =
+            p.xin ? mvq_stream_launch_t<T, 32, true, 0, 4>(ctx, p, n_slot, threads, done, err, 2)
+                  : mvq_stream_launch_t<T, 32, false, 0, 4>(ctx, p, n_slot, threads, done, err, 2);
+        if (rc || *done)
+            return rc;
+    }
     if (p.xin)
         return p.tpr == 32 ? mvq_stream_launch_t<T, 32, true>(ctx, p, n_slot, threads, done, err)
                            : mvq_stream_launch_t<T, 0, true>(ctx, p, n_slot, threads, done, err);
