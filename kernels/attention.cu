@@ -105,33 +105,29 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_row_kernel(struct strata_k_a
     constexpr int hd = 32 * DW;
     const int n_gqa = a.n_head / a.n_head_kv, g = blockIdx.y, bz = blockIdx.z;
     const int64_t kv_row = (int64_t)a.n_head_kv * hd;
-    {
-        /* The kv rows before this batch's own do not depend on the kernel before (it
-         * stores the batch's rows), nor does *pos0 (copied before the step's first
-         * kernel): this split's rows, as its last query sees them, on their way to L2
-         * meanwhile. */
-        const int e0 = *a.pos0, kv_end = e0 + a.n_tok;
-        const int used = splits_used(kv_end, a.n_split, a.split_keys);
-        if (bz < used) {
-            const int w = split_width(kv_end, used), lo = bz * w, hi = min(e0, lo + w);
-            constexpr int lpr = (2 * hd + 127) / 128; /* lines of a head's row */
-            for (int i = threadIdx.x; i < (hi - lo) * lpr; i += ATT_THREADS) {
-                const int64_t o = (lo + i / lpr) * kv_row + (int64_t)g * hd + 64 * (i % lpr);
-                strata_prefetch_l2(a.k_cache + o);
-                strata_prefetch_l2(a.v_cache + o);
-            }
-        }
-    }
-    strata_pdl_wait();
-    strata_pdl_trigger();
+    /* *pos0 does not depend on the kernel before (it is copied before the step's first
+     * kernel), so neither do the splits' and rows' key ranges: all of it before the PDL
+     * wait, which leaves one round trip to L2 after it (q and the first tile's keys). */
+    const int p0 = *a.pos0;
     const int n_rows = a.n_tok * n_gqa, row0 = blockIdx.x * ATT_ROWS_W;
     const int tid = threadIdx.x, r = tid / 32, c = tid % 32;
-    const int p0 = *a.pos0;
     const int row = row0 + r, valid = row < n_rows;
     const int t = valid ? row / n_gqa : 0, h = g * n_gqa + (valid ? row % n_gqa : 0);
     const int qpos = p0 + t;
-    if (bz >= splits_used(p0 + a.n_tok, a.n_split, a.split_keys))
-        return;
+    const int b_used = splits_used(p0 + a.n_tok, a.n_split, a.split_keys);
+    if (bz < b_used) {
+        /* The kv rows before this batch's own do not depend on the kernel before (it
+         * stores the batch's rows): this split's rows, as its last query sees them, on
+         * their way to L2 meanwhile. */
+        const int kv_end = p0 + a.n_tok;
+        const int w = split_width(kv_end, b_used), lo = bz * w, hi = min(p0, lo + w);
+        constexpr int lpr = (2 * hd + 127) / 128; /* lines of a head's row */
+        for (int i = threadIdx.x; i < (hi - lo) * lpr; i += ATT_THREADS) {
+            const int64_t o = (lo + i / lpr) * kv_row + (int64_t)g * hd + 64 * (i % lpr);
+            strata_prefetch_l2(a.k_cache + o);
+            strata_prefetch_l2(a.v_cache + o);
+        }
+    }
     const int r_used = splits_used(qpos + 1, a.n_split, a.split_keys);
     const int r_lo = bz * split_width(qpos + 1, r_used);
     const int r_hi = valid && bz < r_used
@@ -146,12 +142,12 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_row_kernel(struct strata_k_a
         atomicMin(&sm.blk_lo, r_lo);
         atomicMax(&sm.blk_hi, r_hi);
     }
-    for (int i = tid; i < ATT_ROWS_W * (hd / 4); i += ATT_THREADS) {
-        const int rr = i / (hd / 4), d = 4 * (i % (hd / 4));
-        *(float4 *)&sm.qs[rr][d] = att_q4(a, row0 + rr, n_rows, n_gqa, g, hd, d);
-    }
     __syncthreads();
     const int lo = sm.blk_lo, hi = sm.blk_hi;
+    strata_pdl_wait();
+    strata_pdl_trigger();
+    if (bz >= b_used)
+        return;
     /* warp-uniform (a 64-lane wavefront holds two rows): the shuffles below need every
      * lane of a warp; a row past the last scores masked keys only */
     const int wlive = row0 + (int)(tid - tid % warpSize) / 32 < n_rows;
@@ -160,21 +156,49 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_row_kernel(struct strata_k_a
 #pragma unroll
     for (int j = 0; j < DW; j++)
         o[j] = 0.0f;
+    /* q's rows with the first tile's keys: their loads issued together */
+    constexpr int NQ = (ATT_ROWS_W * (hd / 4) + ATT_THREADS - 1) / ATT_THREADS;
+    constexpr int NK = (ATT_KEYS * (hd / 8) + ATT_THREADS - 1) / ATT_THREADS;
+    {
+        float4 qv[NQ];
+#pragma unroll
+        for (int u = 0; u < NQ; u++) {
+            const int i = tid + u * ATT_THREADS, rr = i / (hd / 4), d = 4 * (i % (hd / 4));
+            if (i < ATT_ROWS_W * (hd / 4))
+                qv[u] = att_q4(a, row0 + rr, n_rows, n_gqa, g, hd, d);
+        }
+#pragma unroll
+        for (int u = 0; u < NQ; u++) {
+            const int i = tid + u * ATT_THREADS, rr = i / (hd / 4), d = 4 * (i % (hd / 4));
+            if (i < ATT_ROWS_W * (hd / 4))
+                *(float4 *)&sm.qs[rr][d] = qv[u];
+        }
+    }
     for (int j0 = lo; j0 < hi; j0 += ATT_KEYS) {
-        __syncthreads();
-        for (int i = tid; i < ATT_KEYS * (hd / 8); i += ATT_THREADS) {
-            const int j = i / (hd / 8), d = 8 * (i % (hd / 8));
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-            if (j0 + j < hi) {
-                kv = *(const uint4 *)(a.k_cache + (j0 + j) * kv_row + (int64_t)g * hd + d);
-                vv = *(const uint4 *)(a.v_cache + (j0 + j) * kv_row + (int64_t)g * hd + d);
+        if (j0 > lo)
+            __syncthreads();
+        uint4 kv[NK], vv[NK];
+#pragma unroll
+        for (int u = 0; u < NK; u++) {
+            const int i = tid + u * ATT_THREADS, j = i / (hd / 8), d = 8 * (i % (hd / 8));
+            kv[u] = make_uint4(0, 0, 0, 0);
+            vv[u] = kv[u];
+            if (i < ATT_KEYS * (hd / 8) && j0 + j < hi) {
+                kv[u] = *(const uint4 *)(a.k_cache + (j0 + j) * kv_row + (int64_t)g * hd + d);
+                vv[u] = *(const uint4 *)(a.v_cache + (j0 + j) * kv_row + (int64_t)g * hd + d);
             }
-            uint32_t *kd = (uint32_t *)&sm.ks[j][d];
-            kd[0] = kv.x;
-            kd[1] = kv.y;
-            kd[2] = kv.z;
-            kd[3] = kv.w;
-            *(uint4 *)&sm.vs[j][d] = vv;
+        }
+#pragma unroll
+        for (int u = 0; u < NK; u++) {
+            const int i = tid + u * ATT_THREADS, j = i / (hd / 8), d = 8 * (i % (hd / 8));
+            if (i < ATT_KEYS * (hd / 8)) {
+                uint32_t *kd = (uint32_t *)&sm.ks[j][d];
+                kd[0] = kv[u].x;
+                kd[1] = kv[u].y;
+                kd[2] = kv[u].z;
+                kd[3] = kv[u].w;
+                *(uint4 *)&sm.vs[j][d] = vv[u];
+            }
         }
         __syncthreads();
         float corr = 1.0f;
