@@ -28,15 +28,22 @@ void strata_k_rope_init(struct strata_k_rope *r, int mode, int n_rot, float freq
 }
 
 /* One block per (head h0 + blockIdx.x of q, k or v; token): qkv_post_head with the block
- * as its group. */
-__global__ void qkv_post_kernel(struct strata_k_qkv_args a, struct strata_k_rope rp, int h0)
+ * as its group.  early: the next kernel (the attention, whose blocks work out their key
+ * ranges and ask L2 for the kv rows before their own wait) may be scheduled as soon as
+ * every block of this one has started: this launch is too short to hide the next one's
+ * scheduling behind its work after the wait. */
+__global__ void qkv_post_kernel(struct strata_k_qkv_args a, struct strata_k_rope rp, int h0,
+                                int early)
 {
     __shared__ float scratch[STRATA_GPU_MAX_WARP];
+    if (early)
+        strata_pdl_trigger();
     /* the pair's indices, norm weights and rotation do not depend on the kernel before */
     const struct qkv_post_pair q =
         qkv_post_prep(a, rp, h0 + blockIdx.x, blockIdx.y, threadIdx.x);
     strata_pdl_wait();
-    strata_pdl_trigger();
+    if (!early)
+        strata_pdl_trigger();
     qkv_post_apply(a, q, [&](float v) { return strata_block_sum(v, scratch); });
 }
 
@@ -52,7 +59,9 @@ int strata_k_qkv_post_heads(struct strata_gpu_ctx *ctx, const struct strata_k_qk
                             a->rope->n_rot, h0, h1);
     int threads = qkv_post_threads(a->hd);
     dim3 grid((unsigned)(h1 - h0), (unsigned)a->n_tok), block(threads);
-    strata_k_launch(ctx, qkv_post_kernel, grid, block, *a, *a->rope, h0);
+    static int late = -1; /* STRATA_NO_EARLY_POST=1: the next kernel after the wait */
+    strata_k_launch(ctx, qkv_post_kernel, grid, block, *a, *a->rope, h0,
+                    !strata_k_switch_off("STRATA_NO_EARLY_POST", &late));
     return strata_k_check(ctx, "qkv_post_kernel", grid, block, err,
                           "n_tok=%d n_head=%d n_head_kv=%d hd=%d heads %d..%d", a->n_tok,
                           a->n_head, a->n_head_kv, a->hd, h0, h1);
