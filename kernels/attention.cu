@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_row_kernel(struct strata_k_a
     const int64_t kv_row = (int64_t)a.n_head_kv * hd;
     /* *pos0 does not depend on the kernel before (it is copied before the step's first
      * kernel), so neither do the splits' and rows' key ranges: all of it before the PDL
-     * wait, which leaves one round trip to L2 after it (q and the first tile's keys). */
+     * wait, so that after it the first loads are q's and the first tile's. */
     const int p0 = *a.pos0;
     const int n_rows = a.n_tok * n_gqa, row0 = blockIdx.x * ATT_ROWS_W;
     const int tid = threadIdx.x, r = tid / 32, c = tid % 32;
@@ -156,7 +156,8 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_row_kernel(struct strata_k_a
 #pragma unroll
     for (int j = 0; j < DW; j++)
         o[j] = 0.0f;
-    /* q's rows with the first tile's keys: their loads issued together */
+    /* q's rows, then the first tile's keys (the first tile needs no barrier before its
+     * stores: nothing has read the tile buffers yet) */
     constexpr int NQ = (ATT_ROWS_W * (hd / 4) + ATT_THREADS - 1) / ATT_THREADS;
     constexpr int NK = (ATT_KEYS * (hd / 8) + ATT_THREADS - 1) / ATT_THREADS;
     {
@@ -362,11 +363,7 @@ __global__ void __launch_bounds__(ATT_THREADS) attn_row_kernel(struct strata_k_a
 }
 
 /* STRATA_NO_ATT_ROW=1: decodes on attn_kernel's tiles too */
-static int att_row_on(void)
-{
-    static int off = -1;
-    return !strata_k_switch_off("STRATA_NO_ATT_ROW", &off);
-}
+STRATA_K_SWITCH_ON(att_row_on, "STRATA_NO_ATT_ROW")
 
 /* ---- prefill on the matrix units (NVIDIA sm_80+) ----
  *

@@ -136,6 +136,15 @@ int strata_k_env_on(const char *name);
  * -1, keeps the answer for the process (a kernel launcher's switch). */
 int strata_k_switch_off(const char *name, int *cache);
 
+/* Defines static int fn(void): 1 unless the environment sets name (a switch such as
+ * STRATA_NO_MVQ_BULK=1), read once (strata_k_switch_off). */
+#define STRATA_K_SWITCH_ON(fn, name)                                                           \
+    static int fn(void)                                                                        \
+    {                                                                                          \
+        static int off = -1;                                                                   \
+        return !strata_k_switch_off(name, &off);                                               \
+    }
+
 /* The virtual architecture the loaded code of kernel func was compiled for (80 for
  * sm_80 / compute_80 code, also when the driver JIT-compiled its PTX for a newer device),
  * or 0 when the runtime cannot tell (cudaFuncGetAttributes' ptxVersion). */

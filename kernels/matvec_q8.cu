@@ -640,24 +640,16 @@ static int mvq_stream_threads(size_t nb1, int tpr)
     return 0;
 }
 
-/* A switch of the environment read once: fn() is 1 unless name=1 (strata_k_switch_off) */
-#define MVQ_SWITCH_ON(fn, name)                                                                \
-    static int fn(void)                                                                        \
-    {                                                                                          \
-        static int off = -1;                                                                   \
-        return !strata_k_switch_off(name, &off);                                               \
-    }
-
 /* STRATA_NO_MVQ_STREAM=1: large PLAIN products as mvq_kernel blocks (read once) */
-MVQ_SWITCH_ON(mvq_stream_on, "STRATA_NO_MVQ_STREAM")
+STRATA_K_SWITCH_ON(mvq_stream_on, "STRATA_NO_MVQ_STREAM")
 
 /* STRATA_NO_MVQ_BULK=1: streamed chunks copied 16 bytes a thread, not by the bulk copy
  * engine (read once) */
-MVQ_SWITCH_ON(mvq_bulk_on, "STRATA_NO_MVQ_BULK")
+STRATA_K_SWITCH_ON(mvq_bulk_on, "STRATA_NO_MVQ_BULK")
 
 /* STRATA_NO_MVQ_ROWS4=1: streamed Q6_K products two rows a lane group, not four (read
  * once) */
-MVQ_SWITCH_ON(mvq_rows4_on, "STRATA_NO_MVQ_ROWS4")
+STRATA_K_SWITCH_ON(mvq_rows4_on, "STRATA_NO_MVQ_ROWS4")
 
 /* Launches of mvq_stream_kernel so far (strata_k_mvq_stream_launches) */
 static unsigned long mvq_stream_count;
@@ -809,11 +801,11 @@ static void mvq_launch(dim3 grid, dim3 block, const struct strata_gpu_ctx *ctx,
 
 /* A PLAIN launch's own rows asked for in L2 before its PDL wait (mvq_params.ahead):
  * on unless STRATA_NO_L2_AHEAD=1 (read once) */
-MVQ_SWITCH_ON(mvq_ahead_on, "STRATA_NO_L2_AHEAD")
+STRATA_K_SWITCH_ON(mvq_ahead_on, "STRATA_NO_L2_AHEAD")
 
 /* Staged PLAIN launches (mvq_kernel's STAGE) for the output projection: on unless
  * STRATA_NO_MVQ_STAGE=1 (read once) */
-MVQ_SWITCH_ON(mvq_stage_on, "STRATA_NO_MVQ_STAGE")
+STRATA_K_SWITCH_ON(mvq_stage_on, "STRATA_NO_MVQ_STAGE")
 
 int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_args *a,
                        struct strata_err *err)

@@ -47,6 +47,10 @@ __global__ void qkv_post_kernel(struct strata_k_qkv_args a, struct strata_k_rope
     qkv_post_apply(a, q, [&](float v) { return strata_block_sum(v, scratch); });
 }
 
+/* STRATA_NO_EARLY_POST=1: qkv_post_kernel lets the next kernel be scheduled only after
+ * its wait */
+STRATA_K_SWITCH_ON(early_post_on, "STRATA_NO_EARLY_POST")
+
 int strata_k_qkv_post_heads(struct strata_gpu_ctx *ctx, const struct strata_k_qkv_args *a,
                             int h0, int h1, struct strata_err *err)
 {
@@ -59,9 +63,7 @@ int strata_k_qkv_post_heads(struct strata_gpu_ctx *ctx, const struct strata_k_qk
                             a->rope->n_rot, h0, h1);
     int threads = qkv_post_threads(a->hd);
     dim3 grid((unsigned)(h1 - h0), (unsigned)a->n_tok), block(threads);
-    static int late = -1; /* STRATA_NO_EARLY_POST=1: the next kernel after the wait */
-    strata_k_launch(ctx, qkv_post_kernel, grid, block, *a, *a->rope, h0,
-                    !strata_k_switch_off("STRATA_NO_EARLY_POST", &late));
+    strata_k_launch(ctx, qkv_post_kernel, grid, block, *a, *a->rope, h0, early_post_on());
     return strata_k_check(ctx, "qkv_post_kernel", grid, block, err,
                           "n_tok=%d n_head=%d n_head_kv=%d hd=%d heads %d..%d", a->n_tok,
                           a->n_head, a->n_head_kv, a->hd, h0, h1);
