@@ -165,6 +165,8 @@ int strata_k_switch_off(const char *name, int *cache)
 #if defined(STRATA_TIMELINE) && defined(STRATA_GPU_CUDA)
 /* Timeline builds: see gpu.h and kernels.h. */
 enum { TL_SETTERS = 64, TL_HOST = 8192, TL_CAP = 1 << 21 };
+/* the record counter, then the phase marks' (sum, count) pairs (gpu.h) */
+#define TL_SEQ_BYTES (sizeof(unsigned long long) * (1 + 2 * STRATA_TL_MARKS * STRATA_TL_LANES))
 static void (*tl_setters[TL_SETTERS])(void *, void *, unsigned long long);
 static int tl_n_setters;
 static struct { const void *k; dim3 grid, block; } tl_host[TL_HOST];
@@ -217,8 +219,8 @@ extern "C" void strata_tl_open(void)
     if (tl_opens++ || tl_dev)
         return;
     if (cudaMalloc((void **)&tl_dev, sizeof(struct strata_tl_rec) * (size_t)TL_CAP) != cudaSuccess ||
-        cudaMalloc((void **)&tl_dev_seq, sizeof(unsigned long long)) != cudaSuccess ||
-        cudaMemset(tl_dev_seq, 0, sizeof(unsigned long long)) != cudaSuccess) {
+        cudaMalloc((void **)&tl_dev_seq, TL_SEQ_BYTES) != cudaSuccess ||
+        cudaMemset(tl_dev_seq, 0, TL_SEQ_BYTES) != cudaSuccess) {
         fprintf(stderr, "timeline: no device buffer\n");
         tl_dev = NULL;
         return;
@@ -256,6 +258,24 @@ extern "C" void strata_tl_close(void)
                     r[i].grid[2], r[i].block, r[i].t_pre, r[i].t_wait);
         fprintf(stderr, "timeline: %llu device records, %d host launches written\n", n,
                 tl_n_host);
+        unsigned long long mk[2 * STRATA_TL_MARKS], ml[2 * STRATA_TL_MARKS * STRATA_TL_LANES];
+        int khz = 0;
+        (void)cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+        if (cudaMemcpy(ml, tl_dev_seq + 1, sizeof ml, cudaMemcpyDeviceToHost) == cudaSuccess)
+            for (int i = 0; i < STRATA_TL_MARKS; i++) {
+                mk[2 * i] = mk[2 * i + 1] = 0;
+                for (int l = 0; l < STRATA_TL_LANES; l++) {
+                    mk[2 * i] += ml[2 * (i + STRATA_TL_MARKS * l)];
+                    mk[2 * i + 1] += ml[2 * (i + STRATA_TL_MARKS * l) + 1];
+                }
+                if (!mk[2 * i + 1])
+                    continue;
+                const double cyc = (double)mk[2 * i] / (double)mk[2 * i + 1];
+                fprintf(stderr, "timeline: phase mark %d: %.0f cycles (%.3f us at %d MHz) "
+                        "after the wait (%llu)\n", i, cyc, khz ? cyc / (khz * 1e-3) : 0.0,
+                        khz / 1000, mk[2 * i + 1]);
+                fprintf(f, "P,%d,%.1f,%llu,%d\n", i, cyc, mk[2 * i + 1], khz);
+            }
         for (int i = 1; i <= TL_MARKS; i++) {
             if (!tl_m_n[i])
                 continue;

@@ -241,6 +241,11 @@ struct strata_tl_rec {
 static __device__ struct strata_tl_rec *strata_tl_buf;
 static __device__ unsigned long long *strata_tl_seq;
 static __device__ unsigned long long strata_tl_cap;
+/* Phase marks (strata_tl_mark): STRATA_TL_MARKS pairs (clock cycles summed, count) after
+ * the sequence counter; each block's thread 0 keeps the cycle its wait ended */
+#define STRATA_TL_MARKS 32
+#define STRATA_TL_LANES 8
+static __shared__ long long strata_tl_w0;
 extern "C" void strata_tl_register(void (*set)(void *buf, void *seq, unsigned long long cap));
 static void strata_tl_set_here(void *buf, void *seq, unsigned long long cap)
 {
@@ -270,6 +275,8 @@ static __device__ __forceinline__ void strata_pdl_wait(void)
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 #if defined(STRATA_TIMELINE) && defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__)
+    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0)
+        strata_tl_w0 = clock64();
     if (tl) {
         unsigned long long t1;
         asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
@@ -279,6 +286,28 @@ static __device__ __forceinline__ void strata_pdl_wait(void)
             strata_tl_buf[tl_i] = r;
         }
     }
+#endif
+}
+
+/* Timeline builds: when sel, thread 0 of the block adds the cycles since its
+ * strata_pdl_wait() returned to phase mark id's sum (strata_tl_close prints the mean
+ * of every mark used).  No-op elsewhere. */
+static __device__ __forceinline__ void strata_tl_mark(int id, bool sel)
+{
+#if defined(STRATA_TIMELINE) && defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__)
+    if (sel && threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0 && strata_tl_seq &&
+        id >= 0 && id < STRATA_TL_MARKS) {
+        /* STRATA_TL_LANES copies of the marks, 512 bytes apart, taken by blockIdx.x: the
+         * atomics of a mark every block reaches do not queue on one line */
+        const long long d = clock64() - strata_tl_w0;
+        unsigned long long *m =
+            strata_tl_seq + 1 + 2 * (id + STRATA_TL_MARKS * (blockIdx.x % STRATA_TL_LANES));
+        atomicAdd(m, (unsigned long long)d);
+        atomicAdd(m + 1, 1ull);
+    }
+#else
+    (void)id;
+    (void)sel;
 #endif
 }
 
