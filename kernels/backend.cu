@@ -92,6 +92,11 @@ struct gpu_state {
      * ffn_norm (RMSNorm and 8-bit rows) computed by the router's blocks, not launched
      * before it: one launch fewer per MoE layer, the same bits */
     int norm_route;
+    /* route_glu (default; STRATA_NO_ROUTE_GLU=1 turns it off): a decode step's router
+     * launch leaves the logits only, and every block of the experts' gate/up launch
+     * routes the token itself (the same ids and weights): the router's count and its
+     * last block's routing leave the chain of dependent round trips */
+    int route_glu;
     /* norm_mv (default; STRATA_NO_NORM_MV=1 turns it off): attn_norm and output_norm
      * computed by the blocks of the streamed q8 product that reads them (same bits) */
     int norm_mv;
@@ -919,6 +924,7 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         s->blas_f32 = !strata_k_env_on("STRATA_NO_BLAS_F32");
         s->fuse_route = s->fuse || !strata_k_env_on("STRATA_NO_FUSE_ROUTE");
         s->norm_route = !strata_k_env_on("STRATA_NO_NORM_ROUTE");
+        s->route_glu = !strata_k_env_on("STRATA_NO_ROUTE_GLU");
         s->norm_mv = !strata_k_env_on("STRATA_NO_NORM_MV");
         s->attn_q8 = !strata_k_env_on("STRATA_NO_ATTQ");
         s->qkv_post_fuse = strata_k_env_on("STRATA_QKV_POST_FUSE");
@@ -1417,12 +1423,21 @@ static void fuse_norm(struct gpu_state *s, struct strata_k_mvq_args *a, const fl
  * for routed experts (ids, weights in s->eids, s->ew) with the weighted sum of the k
  * experts in the same launch, and with the next RMSNorm (weight next_nw) fused when
  * fuse_next.  Returns 1 (nothing launched) when the weights do not take this path. */
+static int ffn_q8_ok(struct gpu_state *s, const struct strata_k_weight *g,
+                     const struct strata_k_weight *d, int n)
+{
+    return mvq_ok(s, g, n) && mvq_ok(s, d, n) && g->ne1 % 32 == 0 && g->ne1 == d->ne0;
+}
+
+/* route_logits (or NULL): one token's router logits, routed by the gate/up launch itself
+ * (strata_k_mvq_args.route_logits), its ids and weights left in ids and s->ew */
 static int ffn_q8(struct gpu_state *s, const struct strata_k_weight *g,
                   const struct strata_k_weight *u, const struct strata_k_weight *d, int n,
                   int k, const int32_t *ids, const void *const *etab, int etab_slot,
-                  int fuse_next, const float *next_nw, int *rc, struct strata_err *err)
+                  int fuse_next, const float *next_nw, const float *route_logits, int *rc,
+                  struct strata_err *err)
 {
-    if (!mvq_ok(s, g, n) || !mvq_ok(s, d, n) || g->ne1 % 32 || g->ne1 != d->ne0)
+    if (!ffn_q8_ok(s, g, d, n))
         return 1;
     struct strata_k_mvq_args a;
     memset(&a, 0, sizeof(a));
@@ -1436,6 +1451,14 @@ static int ffn_q8(struct gpu_state *s, const struct strata_k_weight *g,
     a.x_group = k;
     a.xq = s->xq;
     a.yq = s->actq;
+    if (route_logits) {
+        const struct strata_hparams *hp = &s->m->hp;
+        a.route_logits = route_logits;
+        a.route_n_expert = s->n_expert;
+        a.route_norm = hp->expert_weights_norm;
+        a.route_scale = hp->expert_weights_scale > 0 ? hp->expert_weights_scale : 1.0f;
+        a.route_w = s->ew;
+    }
     prof_mark(s, ids ? "moe_gate_up" : "ffn_gate_up");
     if ((*rc = strata_k_matvec_q8(&s->ctx, &a, err)))
         return 0;
@@ -1602,11 +1625,14 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
             const struct strata_k_host_route *hr =
                 route1 && s->xc && n == 1 && !s->tab_now ? strata_gpu_ec_host_route(s->xc)
                                                          : NULL;
+            /* a one-token layer all in VRAM: the routing inside the gate/up launch */
+            const int rglu = route1 && s->route_glu && n == 1 && !s->xc && !hr &&
+                             ffn_q8_ok(s, &D->gate_exps, &D->down_exps, n);
             if (route1) {
                 if (OP(norm_in_router ? "ffn_norm_router_topk" : "moe_router_topk",
                        strata_k_moe_router_topk(&s->ctx, &D->gate_inp,
                                                 norm_in_router ? s->x : s->xn, n, s->router,
-                                                s->norm_cnt + MATVEC_MAX, k,
+                                                rglu ? NULL : s->norm_cnt + MATVEC_MAX, k,
                                                 hp->expert_weights_norm, wscale, s->eids, s->ew,
                                                 norm_in_router ? &rnorm : NULL, hr, err)))
                     goto fail;
@@ -1647,7 +1673,8 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                                                            s->x, err)))
                     goto fail;
             } else if (!ffn_q8(s, &D->gate_exps, &D->up_exps, &D->down_exps, n, k, s->eids,
-                               etab, etab_slot, fuse_next, next_nw, &rc, err)) {
+                               etab, etab_slot, fuse_next, next_nw,
+                               rglu ? s->router : NULL, &rc, err)) {
                 if (rc)
                     goto fail;
                 normed = fuse_next;
@@ -1661,7 +1688,7 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                 OP("moe_combine", strata_k_moe_combine(&s->ctx, s->eout, s->ew, n, k, E, s->x, s->x, err)))
                 goto fail;
         } else if (!ffn_q8(s, &D->gate, &D->up, &D->down, n, 1, NULL, NULL, 0, fuse_next,
-                           next_nw, &rc, err)) {
+                           next_nw, NULL, &rc, err)) {
             if (rc)
                 goto fail;
             normed = fuse_next;

@@ -342,6 +342,18 @@ struct strata_k_mvq_args {
     __half *y16;
     const int32_t *y16_pos;
     int64_t y16_stride;
+    /* GLU of one token's k routed experts (n_slot == x_group == k, no etab), or NULL:
+     * route_logits [route_n_expert] are its router logits (strata_k_moe_router_topk with
+     * no counter), and every block routes the token itself with moe.cuh's route_warp
+     * (softmax, the k largest, renormalised when route_norm, times route_scale: the ids
+     * and weights strata_k_moe_route gives, bit for bit) before its expert's rows; the
+     * first block also stores them to ids (which must be given, [k]) and route_w [k] for
+     * the launches after.  One launch's dependent round trips fewer than a router that
+     * routes in its last block (docs/performance.md). */
+    const float *route_logits;
+    int route_n_expert, route_norm;
+    float route_scale;
+    float *route_w;
 };
 int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_args *a,
                        struct strata_err *err);
@@ -476,7 +488,9 @@ struct strata_k_host_route {
 /* The router and strata_k_moe_route in one launch, for decode-sized batches: logits
  * [n_tok, n_expert] = x [n_tok, n] (row stride n) times the F32 router rw [n_expert rows
  * of n], then ids and w as strata_k_moe_route (same results for the same logits).
- * counter: an int of device memory, zero before and after the launch.  n_tok <= 64,
+ * counter: an int of device memory, zero before and after the launch; NULL: the
+ * logits only, ids and w not written (the experts' gate/up launch routes the token
+ * itself: strata_k_mvq_args.route_logits; hr must be NULL).  n_tok <= 64,
  * n % 4 == 0, x 16-byte aligned.  A token's logits do not depend on n_tok (bitwise).
  * fn (or NULL): x is the residual row, normed first (ffn_norm) with fn->w and fn->eps,
  * the normed rows written to fn->y / fn->yq; logits, y and yq are bitwise those of

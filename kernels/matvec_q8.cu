@@ -11,6 +11,7 @@
  * a row never depends on the number of slots in the launch. */
 #include "kernels.h"
 
+#include "moe.cuh"
 #include "mvq.cuh"
 #include "rope.cuh"
 
@@ -112,6 +113,13 @@ struct mvq_params {
     /* a streamed launch's chunks copied by the bulk copy engine (STRATA_GPU_BULK device
      * passes): every chunk's bytes a multiple of 16 from a 16-byte aligned address */
     int bulk;
+    /* GLU: the token's routing in every block (strata_k_mvq_args.route_logits; NULL:
+     * none), its ids and weights stored by block 0 to rt_ids and rt_w */
+    const float *rt_logits;
+    int rt_n, rt_k, rt_norm;
+    float rt_scale;
+    int32_t *rt_ids;
+    float *rt_w;
 };
 
 /* Output value v of slot s, row r: y16's copy (mvq_params.y16) */
@@ -147,6 +155,27 @@ __global__ void __launch_bounds__(512, MODE == STRATA_K_MVQ_GLU ? 2 : 1)
     }
     strata_pdl_wait();
     strata_pdl_trigger();
+    const int32_t *ids = p.ids;
+    if (MODE == STRATA_K_MVQ_GLU && p.rt_logits) {
+        /* the token's routing (one warp), the ids then read from shared memory */
+        __shared__ float rt_p[MODE == STRATA_K_MVQ_GLU ? ROUTE_MAX_EXPERT : 1];
+        __shared__ int32_t rt_i[32];
+        __shared__ float rt_w[32];
+        if (threadIdx.x < warpSize) {
+            route_load_warp(p.rt_logits, p.rt_n, rt_p);
+            strata_tl_mark(18, blockIdx.x == 0);
+            route_warp(rt_p, p.rt_n, p.rt_k, p.rt_norm, p.rt_scale, rt_i, rt_w);
+            if (blockIdx.x == 0 && blockIdx.y == 0 && (int)threadIdx.x < p.rt_k) {
+                p.rt_ids[threadIdx.x] = rt_i[threadIdx.x];
+                p.rt_w[threadIdx.x] = rt_w[threadIdx.x];
+            }
+        }
+        __syncthreads();
+        strata_tl_mark(17, blockIdx.x == 0);
+        ids = rt_i;
+    }
+    /* the slot's expert (PLAIN and GLU with ids) */
+    const int eid = MODE != STRATA_K_MVQ_COMBINE && ids ? ids[s] : 0;
     /* rows past ne1 re-read the last row (in bounds) and are not written: every lane
      * must reach the shuffles */
     size_t roff[R];
@@ -202,12 +231,12 @@ __global__ void __launch_bounds__(512, MODE == STRATA_K_MVQ_GLU ? 2 : 1)
         const uint8_t *xr = STAGE ? stage : p.xq + (size_t)(s / p.x_group) * p.xq_row;
         const uint8_t *wr, *ur = NULL;
         if (!STAGE && p.tab) {
-            const size_t e3 = 3 * (size_t)(p.tab_slot ? s : p.ids[s]);
+            const size_t e3 = 3 * (size_t)(p.tab_slot ? s : eid);
             wr = p.tab[e3 + p.tab_w];
             if (MODE == STRATA_K_MVQ_GLU)
                 ur = p.tab[e3 + 1];
         } else {
-            const size_t base = STAGE ? 0 : p.ids ? (size_t)p.ids[s] * p.nb2 : 0;
+            const size_t base = STAGE ? 0 : (size_t)eid * p.nb2;
             wr = (STAGE ? stage + p.xq_row : p.w) + base;
             if (MODE == STRATA_K_MVQ_GLU)
                 ur = p.u + base;
@@ -215,6 +244,7 @@ __global__ void __launch_bounds__(512, MODE == STRATA_K_MVQ_GLU ? 2 : 1)
         mvq_lane_sums<T, R, MODE == STRATA_K_MVQ_GLU>(wr, ur, roff, gl, tpr, p.nu, xr, acc,
                                                         acc2);
     }
+    strata_tl_mark(14 + MODE, blockIdx.x == 0);
     /* two sums in one shuffle tree (mvq_group_sum2, the same bits): GLU a row's gate and
      * up sums, which every lane then gets; the others two rows, stored by lanes 0 and
      * tpr / 2 */
@@ -294,6 +324,8 @@ __global__ void __launch_bounds__(512, MODE == STRATA_K_MVQ_GLU ? 2 : 1)
                 p.counter[s] = 0;
         }
     }
+    strata_tl_mark(8 + 2 * MODE, blockIdx.x == 0);
+    strata_tl_mark(9 + 2 * MODE, true);
 }
 
 /* ---- large PLAIN products (the output projection): weights streamed through shared
@@ -519,9 +551,14 @@ __global__ void __launch_bounds__(256, RG == 2 ? 4 : 2) mvq_stream_kernel(struct
         strata_prefetch_l2_bytes(q.w + (size_t)q.c * q.ck, min(q.ck, q.total - (size_t)q.c * q.ck),
                                  threadIdx.x, blockDim.x);
     }
-    if (NORM) /* the norm weights do not depend on the kernel before either */
-        for (int i = 32 * threadIdx.x; i < 32 * p.nu; i += 32 * blockDim.x)
+    /* the norm weights do not depend on the kernel before either: the first two passes'
+     * in registers (a 2,048-value row's all), the rest on their way to L2 */
+    norm_wpre<2> wpre;
+    if (NORM) {
+        norm_w_preload<2>(p.inw, 32 * p.nu, &wpre);
+        for (int i = 8 * blockDim.x + 32 * threadIdx.x; i < 32 * p.nu; i += 32 * blockDim.x)
             strata_prefetch_l2(p.inw + i);
+    }
     strata_pdl_wait();
     strata_pdl_trigger();
     if (NORM) {
@@ -534,14 +571,16 @@ __global__ void __launch_bounds__(256, RG == 2 ? 4 : 2) mvq_stream_kernel(struct
         for (int i = threadIdx.x; i < n_slot * pad; i += blockDim.x)
             mvq_smem[(size_t)(i / pad) * p.xq_row + used + i % pad] = 0;
         for (int s = 0; s < n_slot; s++)
-            norm_q8_row<false>(p.xin + (int64_t)s * ne0, ne0, 1, p.inw, p.ineps,
-                               blockIdx.x == 0 && p.iny ? p.iny + (int64_t)s * ne0 : NULL,
-                               mvq_smem + (size_t)s * p.xq_row, scratch);
+            norm_q8_row<false, false, 2>(p.xin + (int64_t)s * ne0, ne0, 1, p.inw, p.ineps,
+                                         blockIdx.x == 0 && p.iny ? p.iny + (int64_t)s * ne0
+                                                                  : NULL,
+                                         mvq_smem + (size_t)s * p.xq_row, scratch, &wpre);
         __syncthreads();
         if (blockIdx.x == 0 && p.inyq)
             for (size_t i = threadIdx.x; i < (size_t)n_slot * p.xq_row / 16; i += blockDim.x)
                 ((uint4 *)p.inyq)[i] = ((const uint4 *)mvq_smem)[i];
     }
+    strata_tl_mark(24 + (RG == 4), blockIdx.x == 0);
     for (int it = 0; c < n_chunk; c += gridDim.x, buf ^= 1, it++) {
         if (bulk) {
             /* buffer buf's (it / 2)-th chunk; the other buffer was read before the last
@@ -626,6 +665,8 @@ __global__ void __launch_bounds__(256, RG == 2 ? 4 : 2) mvq_stream_kernel(struct
                 atomicMax(p.amax, best);
         }
     }
+    strata_tl_mark(20 + (RG == 4), blockIdx.x == 0);
+    strata_tl_mark(22 + (RG == 4), true);
 }
 
 /* Threads of a stream block for rows of nb1 bytes with tpr lanes a row (each chunk
@@ -890,6 +931,28 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     p.ne1_2 = 0;
     p.w2_type = 0;
     p.tpr = strata_k_mvq_tpr(p.nu, p.k);
+    p.rt_logits = NULL;
+    p.rt_n = p.rt_k = p.rt_norm = 0;
+    p.rt_scale = 0.0f;
+    p.rt_ids = NULL;
+    p.rt_w = NULL;
+    if (a->route_logits) {
+        if (mode != STRATA_K_MVQ_GLU || !a->ids || a->etab || a->n_slot != a->x_group ||
+            a->n_slot > 32 || a->route_n_expert < a->n_slot ||
+            a->route_n_expert > ROUTE_MAX_EXPERT || !a->route_w)
+            return strata_k_err(err, STRATA_E_INVALID,
+                                "matvec_q8: routing in the launch needs a GLU product of one "
+                                "token's k <= 32 experts (n_slot=%d x_group=%d n_expert=%d), "
+                                "ids and weights to store and no expert table",
+                                a->n_slot, a->x_group, a->route_n_expert);
+        p.rt_logits = a->route_logits;
+        p.rt_n = a->route_n_expert;
+        p.rt_k = a->n_slot;
+        p.rt_norm = a->route_norm;
+        p.rt_scale = a->route_scale;
+        p.rt_ids = (int32_t *)a->ids;
+        p.rt_w = a->route_w;
+    }
     const struct strata_k_weight *w2 = a->w2;
     if (w2 && (!a->w2_done || mode != STRATA_K_MVQ_PLAIN || a->ids ||
                !strata_k_matvec_q8_supported(w2->type) || w2->ne0 != w->ne0 || w2->ne1 <= 0 ||

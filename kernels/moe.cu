@@ -117,6 +117,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
         }
         __syncthreads();
     }
+    strata_tl_mark(0, blockIdx.x == 0);
     const int gl = threadIdx.x % 8;
     /* warp-uniform bounds: the q8 blocks' shuffles need every lane */
     const int lane0 = threadIdx.x - lane;
@@ -145,17 +146,22 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
             s = router_step<NORM>(i, n4, act ? xr[i] : z, act ? wr[i] : z,
                                   NORM && act ? gw[i] : z, sc, gl, n, e, yt, qt, hx, s);
         }
+        strata_tl_mark(19, blockIdx.x == 0 && t == 0);
         s = strata_warp_sum(s);
         if (lane == 0)
             red[1][t][wid] = s;
     }
     __syncthreads();
+    strata_tl_mark(1, blockIdx.x == 0);
     if ((int)threadIdx.x < n_tok) {
         float s = 0.0f;
         for (int i = 0; i < nwarp; i++)
             s += red[1][threadIdx.x][i];
         logits[(int64_t)threadIdx.x * n_expert + e] = s;
     }
+    strata_tl_mark(7, blockIdx.x == 0);
+    if (!counter) /* logits only: the launch's end makes them visible */
+        return;
     __threadfence();
     if (hr.ids)
         __threadfence_system(); /* this block's part of xn before the count */
@@ -163,6 +169,9 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
     if (threadIdx.x == 0)
         last = atomicAdd(counter, 1) == (int)gridDim.x - 1;
     __syncthreads();
+    strata_tl_mark(2, blockIdx.x == 0);
+    strata_tl_mark(3, last);
+    strata_tl_mark(6, true);
     if (!last)
         return;
     __threadfence();
@@ -171,6 +180,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
         route_load_warp(logits + (int64_t)t * n_expert, n_expert, p[wid]);
         route_warp(p[wid], n_expert, k, norm, scale, ids + (int64_t)t * k, w + (int64_t)t * k);
     }
+    strata_tl_mark(4, true);
     if (hr.ids) {
         /* the ids, then (every block's xn before its count, these before the barrier) the
          * flag */
@@ -185,6 +195,7 @@ __global__ void __launch_bounds__(ROUTER_THREADS)
     }
     if (threadIdx.x == 0)
         *counter = 0;
+    strata_tl_mark(5, true);
 }
 
 int strata_k_moe_router_topk(struct strata_gpu_ctx *ctx, const struct strata_k_weight *rw,
@@ -197,10 +208,11 @@ int strata_k_moe_router_topk(struct strata_gpu_ctx *ctx, const struct strata_k_w
     if (rw->type != 0 /* F32 */ || rw->ne0 % 4 || rw->ne0 > INT32_MAX ||
         rw->nb1 != 4 * (size_t)rw->ne0 || n_tok <= 0 || n_tok > ROUTER_MAX_TOK ||
         n_expert <= 0 || n_expert > ROUTE_MAX_EXPERT || k <= 0 || k > n_expert || k > 32 ||
-        !counter || ((uintptr_t)x & 15) || ((uintptr_t)rw->data & 15))
+        (!counter && hr) || ((uintptr_t)x & 15) || ((uintptr_t)rw->data & 15))
         return strata_k_err(err, STRATA_E_INVALID,
                             "moe_router_topk: bad shape type=%u n=%d n_expert=%d n_tok=%d k=%d "
-                            "(F32 router, n %% 4 == 0, n_expert <= %d, n_tok <= %d, k <= 32)",
+                            "(F32 router, n %% 4 == 0, n_expert <= %d, n_tok <= %d, k <= 32; "
+                            "results for the host need the routing's counter)",
                             rw->type, n, n_expert, n_tok, k, ROUTE_MAX_EXPERT, ROUTER_MAX_TOK);
     const struct strata_k_norm_q8 none = {NULL, 0.0f, NULL, NULL};
     if (fn) {

@@ -22,57 +22,112 @@ static __device__ __forceinline__ float fma4(float4 a, float4 b, float s)
 
 #define ROUTE_REG 8 /* logits a lane keeps in registers: n_expert <= 8 * warpSize */
 
-/* route_warp for n_expert <= ROUTE_REG * warpSize, with lane l's logits (experts l, l +
- * warpSize, ...) in registers instead of shared memory: the same comparisons and sums
- * in the same order, so the same ids and weights. */
+/* The warp's largest (*bv, *bi), the lowest *bi of equal *bv, in every lane.  A lane's
+ * *bv is a softmax value (>= 0, never NaN) or -1 (none left): as int32 bits these order
+ * as the floats do, so on sm_80+ two warp reductions (redux.sync: the largest bits,
+ * then the lowest index among the lanes that hold them) give what the shuffle tree
+ * gives elsewhere - the same choice, in 2 instructions instead of 5 dependent steps. */
+static __device__ __forceinline__ void route_warp_argmax(float *bv, int *bi)
+{
+#if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const int kb = __float_as_int(*bv);
+    const int mb = __reduce_max_sync(0xffffffffu, kb);
+    *bi = __reduce_min_sync(0xffffffffu, kb == mb ? *bi : 0x7fffffff);
+    *bv = __int_as_float(mb);
+#else
+    for (int m = warpSize / 2; m > 0; m >>= 1) {
+        const float ov = STRATA_SHFL_XOR(*bv, m);
+        const int oi = STRATA_SHFL_XOR(*bi, m);
+        if (ov > *bv || (ov == *bv && oi < *bi)) {
+            *bv = ov;
+            *bi = oi;
+        }
+    }
+#endif
+}
+
+/* The largest of the warp's floats (none NaN), in every lane.  On sm_80+ one warp
+ * reduction of int32 keys that order as the floats do (negative floats' magnitude bits
+ * flipped; the map is its own inverse); the max is exact either way, and a +0 / -0 that
+ * comes out the other way changes no exp(v - max). */
+static __device__ __forceinline__ float route_warp_max(float v)
+{
+#if defined(STRATA_GPU_CUDA) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const int b = __float_as_int(v);
+    const int m = __reduce_max_sync(0xffffffffu, b ^ ((b >> 31) & 0x7fffffff));
+    return __int_as_float(m ^ ((m >> 31) & 0x7fffffff));
+#else
+    return strata_warp_max(v);
+#endif
+}
+
+/* route_warp for n_expert <= NS * warpSize, with lane l's logits (experts l, l +
+ * warpSize, ...) in registers instead of shared memory.  The softmax sums in
+ * route_warp's order; then each lane sorts its NS values once (larger first, equal ones
+ * the lower id first), so that a round of the top-k compares only the lanes' heads - the
+ * largest value left, the lowest id of equal ones, as a scan of every value would give -
+ * and the winner drops its head.  The same ids and weights as route_warp. */
+template <int NS>
 static __device__ void route_warp_reg(const float *p, int n_expert, int k, int norm,
                                       float scale, int32_t *__restrict__ ids,
                                       float *__restrict__ w)
 {
     const int lane = threadIdx.x % warpSize;
-    float v[ROUTE_REG], mx = -INFINITY;
+    float v[NS], mx = -INFINITY;
+    int id[NS];
 #pragma unroll
-    for (int i = 0; i < ROUTE_REG; i++) {
+    for (int i = 0; i < NS; i++) {
         const int e = lane + i * warpSize;
         v[i] = e < n_expert ? p[e] : -INFINITY;
         if (v[i] != v[i]) /* NaN: never chosen (route_warp) */
             v[i] = -INFINITY;
         mx = fmaxf(mx, v[i]);
     }
-    mx = strata_warp_max(mx);
+    mx = route_warp_max(mx);
     if (mx == -INFINITY)
         mx = 0.0f;
     float s = 0.0f;
 #pragma unroll
-    for (int i = 0; i < ROUTE_REG; i++)
-        if (lane + i * warpSize < n_expert) {
+    for (int i = 0; i < NS; i++) {
+        const int e = lane + i * warpSize;
+        if (e < n_expert) {
             v[i] = expf(v[i] - mx);
             s += v[i];
+            id[i] = e;
+        } else { /* no expert: after every real one, as a lane with none left */
+            v[i] = -1.0f;
+            id[i] = 0x7fffffff;
         }
+    }
     s = strata_warp_sum(s);
+    /* odd-even transposition sort of the lane's NS (value, id) pairs */
+#pragma unroll
+    for (int r = 0; r < NS; r++)
+#pragma unroll
+        for (int i = r % 2; i + 1 < NS; i += 2) {
+            const bool sw = v[i + 1] > v[i] || (v[i + 1] == v[i] && id[i + 1] < id[i]);
+            const float tv = v[i];
+            const int ti = id[i];
+            v[i] = sw ? v[i + 1] : v[i];
+            id[i] = sw ? id[i + 1] : id[i];
+            v[i + 1] = sw ? tv : v[i + 1];
+            id[i + 1] = sw ? ti : id[i + 1];
+        }
     float sel = 0.0f, wmine = 0.0f;
     int imine = 0;
     for (int j = 0; j < k; j++) {
-        float bv = -1.0f;
-        int bi = 0x7fffffff;
+        float bv = v[0];
+        int bi = id[0];
+        route_warp_argmax(&bv, &bi);
+        if (id[0] == bi) { /* this lane's head was taken (ids are unique) */
 #pragma unroll
-        for (int i = 0; i < ROUTE_REG; i++)
-            if (lane + i * warpSize < n_expert && v[i] > bv) {
-                bv = v[i];
-                bi = lane + i * warpSize;
+            for (int i = 0; i + 1 < NS; i++) {
+                v[i] = v[i + 1];
+                id[i] = id[i + 1];
             }
-        for (int m = warpSize / 2; m > 0; m >>= 1) {
-            float ov = STRATA_SHFL_XOR(bv, m);
-            int oi = STRATA_SHFL_XOR(bi, m);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
+            v[NS - 1] = -1.0f;
+            id[NS - 1] = 0x7fffffff;
         }
-#pragma unroll
-        for (int i = 0; i < ROUTE_REG; i++)
-            if (lane + i * warpSize == bi)
-                v[i] = -2.0f;
         if (lane == j) {
             wmine = bv / s;
             imine = bi;
@@ -116,8 +171,12 @@ static __device__ __forceinline__ void route_load_warp(const float *src, int n_e
 static __device__ void route_warp(float *p, int n_expert, int k, int norm, float scale,
                                   int32_t *__restrict__ ids, float *__restrict__ w)
 {
+    if (n_expert <= 4 * warpSize) {
+        route_warp_reg<4>(p, n_expert, k, norm, scale, ids, w);
+        return;
+    }
     if (n_expert <= ROUTE_REG * warpSize) {
-        route_warp_reg(p, n_expert, k, norm, scale, ids, w);
+        route_warp_reg<ROUTE_REG>(p, n_expert, k, norm, scale, ids, w);
         return;
     }
     int lane = threadIdx.x % warpSize;
@@ -149,14 +208,7 @@ static __device__ void route_warp(float *p, int n_expert, int k, int norm, float
                 bv = p[e];
                 bi = e;
             }
-        for (int m = warpSize / 2; m > 0; m >>= 1) {
-            float ov = STRATA_SHFL_XOR(bv, m);
-            int oi = STRATA_SHFL_XOR(bi, m);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
+        route_warp_argmax(&bv, &bi);
         if (bi < n_expert && lane == bi % warpSize)
             p[bi] = -2.0f;
         if (lane == j) {

@@ -110,20 +110,63 @@ static __device__ __forceinline__ void q8_store4(const float *v, int act, int gl
  * three shuffles; loops run warp-uniformly (every lane of a warp reaches every
  * shuffle).  STAGED (y in shared memory, norm on): the first pass keeps x in y, so that
  * the second reads it there instead of from global memory again; the same values. */
-template <bool VOL, bool STAGED = false>
+/* The norm weights norm_q8_row's thread multiplies by in its first NP passes (values
+ * 32 b + 4 gl .. + 3 of its blocks b), loaded into registers ahead of their use - before
+ * a PDL wait, since weights never depend on the kernel before - so that the norm's
+ * second pass has no round trip to L2 for them.  w NULL or not 16-byte aligned: none
+ * kept (norm_q8_row then reads w itself). */
+template <int NP> struct norm_wpre {
+    float4 v[NP];
+    bool ok;
+};
+
+template <int NP>
+static __device__ __forceinline__ void norm_w_preload(const float *w, int n, norm_wpre<NP> *pre)
+{
+    const int nb = n / 32, gl = threadIdx.x % 8, ng = blockDim.x / 8;
+    pre->ok = w && !((uintptr_t)w & 15);
+#pragma unroll
+    for (int it = 0; it < NP; it++) {
+        const int b = threadIdx.x / 8 + it * ng;
+        pre->v[it] = pre->ok && b < nb ? *(const float4 *)(w + 32 * b + 4 * gl)
+                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
+template <bool VOL, bool STAGED = false, int NP = 0>
 static __device__ void norm_q8_row(const float *x, int n, int norm, const float *w, float eps,
-                                   float *y, uint8_t *yq, float *scratch)
+                                   float *y, uint8_t *yq, float *scratch,
+                                   const norm_wpre<NP ? NP : 1> *pre = NULL)
 {
     const float sc = norm ? row_rms_scale<VOL, STAGED>(x, n, eps, y, scratch) : 1.0f;
     const int nb = n / 32, gl = threadIdx.x % 8, ng = blockDim.x / 8;
     const int wb = (int)(threadIdx.x % 32) / 8; /* this group's place in its warp */
-    for (int b = threadIdx.x / 8; b - wb < nb; b += ng) {
+    int it = 0;
+    for (int b = threadIdx.x / 8; b - wb < nb; b += ng, it++) {
         const int act = b < nb, i0 = 32 * b + 4 * gl;
+        float wv[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+        bool have = false;
+        if (NP && pre && pre->ok) {
+#pragma unroll
+            for (int q = 0; q < (NP ? NP : 1); q++)
+                if (q == it) {
+                    wv[0] = pre->v[q].x;
+                    wv[1] = pre->v[q].y;
+                    wv[2] = pre->v[q].z;
+                    wv[3] = pre->v[q].w;
+                    have = true;
+                }
+        }
+        if (!have && w) {
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                wv[j] = w[act ? i0 + j : 0];
+        }
         float v[4];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             float xv = !act ? 0.0f : STAGED && norm ? y[i0 + j] : ldx<VOL>(x, i0 + j);
-            v[j] = norm ? xv * sc * (w ? w[act ? i0 + j : 0] : 1.0f) : xv;
+            v[j] = norm ? xv * sc * wv[j] : xv;
         }
         q8_store4(v, act, gl, b, n, y, yq);
     }

@@ -1080,6 +1080,153 @@ static void test_router_topk(int n_tok, int n_expert, int n, int k, int norm)
     free(w); free(x); free(ref); free(got); free(gi); free(gi2); free(gw); free(gw2); free(one);
 }
 
+/* The router without its routing (no counter): the same logits bit for bit, with the
+ * ffn_norm fused or not, and ids and weights left alone; refused with results for the
+ * host. */
+static void test_router_logits_only(int n_tok, int n_expert, int n, int k, int fused)
+{
+    struct strata_err err = {0, ""};
+    float *w = (float *)malloc(sizeof(float) * n_expert * n), *x = (float *)malloc(sizeof(float) * n * n_tok);
+    float *g = (float *)malloc(sizeof(float) * n);
+    kt_fill(w, (size_t)n_expert * n, 1.0f);
+    kt_fill(x, (size_t)n * n_tok, 2.0f);
+    kt_fill(g, n, 1.0f);
+    float *dw = (float *)kt_up(w, sizeof(float) * n_expert * n), *dx = (float *)kt_up(x, sizeof(float) * n * n_tok);
+    float *dg = (float *)kt_up(g, sizeof(float) * n);
+    float *dl[2] = {(float *)kt_dev(4 * n_expert * n_tok), (float *)kt_dev(4 * n_expert * n_tok)};
+    float *dy[2] = {(float *)kt_dev(4 * n * n_tok), (float *)kt_dev(4 * n * n_tok)};
+    const size_t qrb = strata_k_q8_row_bytes(n);
+    uint8_t *dq[2] = {(uint8_t *)kt_dev(qrb * n_tok), (uint8_t *)kt_dev(qrb * n_tok)};
+    int32_t *di = (int32_t *)kt_dev(4 * k * n_tok);
+    float *dwt = (float *)kt_dev(4 * k * n_tok);
+    int *dc = (int *)kt_dev(sizeof(int));
+    KT_CUDA(cudaMemset(dc, 0, sizeof(int)));
+    struct strata_k_weight kw = {STRATA_TYPE_F32, n, n_expert, 4 * (size_t)n, 0, dw};
+    int rc = 0;
+    for (int v = 0; v < 2 && !rc; v++) {
+        kt_poison(dl[v], 4 * n_expert * n_tok);
+        kt_poison(dy[v], 4 * n * n_tok);
+        kt_poison(dq[v], qrb * n_tok);
+        if (v) {
+            kt_poison(di, 4 * k * n_tok);
+            kt_poison(dwt, 4 * k * n_tok);
+        }
+        struct strata_k_norm_q8 fn = {dg, 1e-6f, dy[v], dq[v]};
+        rc = strata_k_moe_router_topk(&ctx, &kw, dx, n_tok, dl[v], v ? NULL : dc, k, 1, 1.0f, di,
+                                      dwt, fused ? &fn : NULL, NULL, &err);
+    }
+    KT_CUDA(cudaDeviceSynchronize());
+    float *lg = (float *)malloc(8 * n_expert * n_tok), *y = (float *)malloc(8 * n * n_tok);
+    uint8_t *q = (uint8_t *)malloc(2 * qrb * n_tok), *pi = (uint8_t *)malloc(8 * k * n_tok);
+    for (int v = 0; v < 2; v++) {
+        kt_down(lg + v * n_expert * n_tok, dl[v], 4 * n_expert * n_tok);
+        kt_down(y + v * n * n_tok, dy[v], 4 * n * n_tok);
+        kt_down(q + v * qrb * n_tok, dq[v], qrb * n_tok);
+    }
+    kt_down(pi, di, 4 * k * n_tok);
+    kt_down(pi + 4 * k * n_tok, dwt, 4 * k * n_tok);
+    int untouched = 1;
+    for (int i = 0; i < 8 * k * n_tok; i++) /* kt_poison's bytes */
+        untouched &= pi[i] == pi[0];
+    const int same = !memcmp(lg, lg + n_expert * n_tok, 4 * n_expert * n_tok) &&
+                     (!fused || (!memcmp(y, y + n * n_tok, 4 * n * n_tok) &&
+                                 !memcmp(q, q + qrb * n_tok, qrb * n_tok)));
+    struct strata_k_host_route hr = {di, dy[0], (unsigned *)dc, 1};
+    int refused = strata_k_moe_router_topk(&ctx, &kw, dx, 1, dl[0], NULL, k, 1, 1.0f, di, dwt,
+                                           NULL, &hr, &err) == STRATA_E_INVALID;
+    ok(!rc && same && untouched && refused,
+       "moe_router_topk without its routing (n_tok=%d, %d experts, n=%d%s): logits%s %s, ids "
+       "and weights %s, results for the host %s %s", n_tok, n_expert, n,
+       fused ? ", ffn_norm fused" : "", fused ? " and normed rows" : "",
+       same ? "equal" : "differ", untouched ? "untouched" : "written",
+       refused ? "refused" : "taken", rc ? err.msg : "");
+    for (int v = 0; v < 2; v++) {
+        cudaFree(dl[v]); cudaFree(dy[v]); cudaFree(dq[v]);
+    }
+    cudaFree(dw); cudaFree(dx); cudaFree(dg); cudaFree(di); cudaFree(dwt); cudaFree(dc);
+    free(w); free(x); free(g); free(lg); free(y); free(q); free(pi);
+}
+
+/* One token's gate/up launch that routes the token itself (strata_k_mvq_args.
+ * route_logits) against moe_route followed by the same launch on its ids: ids, weights
+ * and the 8-bit SwiGLU rows equal bit for bit.  ties: every logit twice (pairs of
+ * experts tied: the lower id first). */
+static void test_glu_route(uint32_t type, int64_t ne0, int64_t ne1, int n_expert, int k,
+                           int norm, int ties)
+{
+    struct strata_err err = {0, ""};
+    size_t rb;
+    uint8_t *w = kt_random_rows(type, ne0, ne1 * n_expert, &rb);
+    uint8_t *u = kt_random_rows(type, ne0, ne1 * n_expert, &rb);
+    float *x = (float *)malloc(sizeof(float) * ne0), *lg = (float *)malloc(sizeof(float) * n_expert);
+    kt_fill(x, ne0, 1.0f);
+    kt_fill(lg, n_expert, 4.0f);
+    for (int e = 1; ties && e < n_expert; e += 2)
+        lg[e] = lg[e - 1];
+    const size_t xrb = strata_k_q8_row_bytes(ne0), yrb = strata_k_q8_row_bytes(ne1);
+    void *dw = kt_up(w, rb * ne1 * n_expert), *du = kt_up(u, rb * ne1 * n_expert);
+    float *dx = (float *)kt_up(x, sizeof(float) * ne0), *dl = (float *)kt_up(lg, sizeof(float) * n_expert);
+    uint8_t *dxq = (uint8_t *)kt_dev(xrb);
+    uint8_t *dyq[2] = {(uint8_t *)kt_dev(yrb * k), (uint8_t *)kt_dev(yrb * k)};
+    int32_t *di[2] = {(int32_t *)kt_dev(4 * k), (int32_t *)kt_dev(4 * k)};
+    float *dwt[2] = {(float *)kt_dev(4 * k), (float *)kt_dev(4 * k)};
+    for (int v = 0; v < 2; v++) {
+        kt_poison(dyq[v], yrb * k);
+        kt_poison(di[v], 4 * k);
+        kt_poison(dwt[v], 4 * k);
+    }
+    struct strata_k_weight kw = {type, ne0, ne1, rb, rb * ne1, dw};
+    struct strata_k_weight ku = {type, ne0, ne1, rb, rb * ne1, du};
+    int rc = strata_k_quantize_q8(&ctx, dx, ne0, (int)ne0, 1, 0, NULL, 0.0f, NULL, dxq, &err);
+    if (!rc)
+        rc = strata_k_moe_route(&ctx, dl, 1, n_expert, k, norm, 0.5f, di[0], dwt[0], &err);
+    for (int v = 0; v < 2 && !rc; v++) {
+        struct strata_k_mvq_args a;
+        memset(&a, 0, sizeof(a));
+        a.w = &kw;
+        a.up = &ku;
+        a.mode = STRATA_K_MVQ_GLU;
+        a.ids = di[v];
+        a.n_slot = k;
+        a.x_group = k;
+        a.xq = dxq;
+        a.yq = dyq[v];
+        if (v) {
+            a.route_logits = dl;
+            a.route_n_expert = n_expert;
+            a.route_norm = norm;
+            a.route_scale = 0.5f;
+            a.route_w = dwt[1];
+        }
+        rc = strata_k_matvec_q8(&ctx, &a, &err);
+    }
+    KT_CUDA(cudaDeviceSynchronize());
+    int32_t *gi = (int32_t *)malloc(8 * k);
+    float *gw = (float *)malloc(8 * k);
+    uint8_t *gq = (uint8_t *)malloc(2 * yrb * k);
+    for (int v = 0; v < 2; v++) {
+        kt_down(gi + v * k, di[v], 4 * k);
+        kt_down(gw + v * k, dwt[v], 4 * k);
+        kt_down(gq + v * yrb * k, dyq[v], yrb * k);
+    }
+    int pairs = 1;
+    for (int j = 0; ties && j + 1 < k; j += 2)
+        pairs &= gi[k + j] % 2 == 0 && gi[k + j + 1] == gi[k + j] + 1;
+    const int same_ids = !memcmp(gi, gi + k, 4 * k), same_w = !memcmp(gw, gw + k, 4 * k);
+    const int same_q = !memcmp(gq, gq + yrb * k, yrb * k);
+    ok(!rc && same_ids && same_w && same_q && pairs,
+       "matvec_q8 GLU routing its token (type %u, %lld x %lld, %d experts, k=%d, norm=%d%s): "
+       "ids %s, weights %s, q8 rows %s moe_route + GLU's%s %s", type, (long long)ne0,
+       (long long)ne1, n_expert, k, norm, ties ? ", tied pairs" : "",
+       same_ids ? "equal" : "differ", same_w ? "equal" : "differ", same_q ? "equal to" : "differ from",
+       ties && !pairs ? " (tied pairs not chosen together)" : "", rc ? err.msg : "");
+    for (int v = 0; v < 2; v++) {
+        cudaFree(dyq[v]); cudaFree(di[v]); cudaFree(dwt[v]);
+    }
+    cudaFree(dw); cudaFree(du); cudaFree(dx); cudaFree(dl); cudaFree(dxq);
+    free(w); free(u); free(x); free(lg); free(gi); free(gw); free(gq);
+}
+
 /* One token routed by the router's last block against moe_route on the same logits, where
  * logits tie: router rows repeated in pairs (every logit twice: both of a pair chosen, the
  * lower id first), or a zero row x (every logit 0: ids 0 .. k-1, each weight scale / k). */
@@ -1277,6 +1424,12 @@ static void test_router_norm(int n_tok, int n_expert, int n, int k, int q8)
 
 static void test_q8(void)
 {
+    test_router_logits_only(1, 128, 2048, 8, 1);
+    test_router_logits_only(3, 60, 100, 6, 0);
+    test_glu_route(STRATA_TYPE_Q4_K, 2048, 768, 128, 8, 1, 0);
+    test_glu_route(STRATA_TYPE_Q4_K, 2048, 768, 128, 8, 1, 1);
+    test_glu_route(STRATA_TYPE_Q6_K, 512, 64, 60, 6, 0, 0);
+    test_glu_route(STRATA_TYPE_Q8_0, 256, 96, 300, 32, 1, 1); /* past ROUTE_REG lanes */
     test_router_topk(1, 128, 2048, 8, 1);
     test_router_topk(17, 60, 100, 6, 0);
     test_router_topk(3, 1000, 64, 32, 1);
