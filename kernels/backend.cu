@@ -97,6 +97,10 @@ struct gpu_state {
      * routes the token itself (the same ids and weights): the router's count and its
      * last block's routing leave the chain of dependent round trips */
     int route_glu;
+    /* next_l2 (default; STRATA_NO_NEXT_L2=1 turns it off): the experts' down launch asks
+     * L2 for the next layer's q/k/v weights before its wait (strata_k_mvq_args.next_l2):
+     * the q/k/v launch, scheduled only once the down launch ends, then reads them there */
+    int next_l2;
     /* norm_mv (default; STRATA_NO_NORM_MV=1 turns it off): attn_norm and output_norm
      * computed by the blocks of the streamed q8 product that reads them (same bits) */
     int norm_mv;
@@ -925,6 +929,7 @@ static int gpu_init(void **state, const struct strata_model *m, const struct str
         s->fuse_route = s->fuse || !strata_k_env_on("STRATA_NO_FUSE_ROUTE");
         s->norm_route = !strata_k_env_on("STRATA_NO_NORM_ROUTE");
         s->route_glu = !strata_k_env_on("STRATA_NO_ROUTE_GLU");
+        s->next_l2 = !strata_k_env_on("STRATA_NO_NEXT_L2");
         s->norm_mv = !strata_k_env_on("STRATA_NO_NORM_MV");
         s->attn_q8 = !strata_k_env_on("STRATA_NO_ATTQ");
         s->qkv_post_fuse = strata_k_env_on("STRATA_QKV_POST_FUSE");
@@ -1423,6 +1428,10 @@ static void fuse_norm(struct gpu_state *s, struct strata_k_mvq_args *a, const fl
  * for routed experts (ids, weights in s->eids, s->ew) with the weighted sum of the k
  * experts in the same launch, and with the next RMSNorm (weight next_nw) fused when
  * fuse_next.  Returns 1 (nothing launched) when the weights do not take this path. */
+/* The most bytes of one weight a down launch asks L2 for (ffn_q8's next): the output
+ * projection's first chunks; a q/k/v weight is smaller */
+#define NEXT_L2_MAX ((size_t)16 << 20)
+
 static int ffn_q8_ok(struct gpu_state *s, const struct strata_k_weight *g,
                      const struct strata_k_weight *d, int n)
 {
@@ -1430,12 +1439,15 @@ static int ffn_q8_ok(struct gpu_state *s, const struct strata_k_weight *g,
 }
 
 /* route_logits (or NULL): one token's router logits, routed by the gate/up launch itself
- * (strata_k_mvq_args.route_logits), its ids and weights left in ids and s->ew */
+ * (strata_k_mvq_args.route_logits), its ids and weights left in ids and s->ew.  next[2]
+ * (entries may be NULL): the weights read next - the next layer's q/k/v, or the output
+ * projection - that the down launch asks L2 for before its wait, at most NEXT_L2_MAX
+ * bytes of each (strata_k_mvq_args.next_l2) */
 static int ffn_q8(struct gpu_state *s, const struct strata_k_weight *g,
                   const struct strata_k_weight *u, const struct strata_k_weight *d, int n,
                   int k, const int32_t *ids, const void *const *etab, int etab_slot,
-                  int fuse_next, const float *next_nw, const float *route_logits, int *rc,
-                  struct strata_err *err)
+                  int fuse_next, const float *next_nw, const float *route_logits,
+                  const struct strata_k_weight *const *next, int *rc, struct strata_err *err)
 {
     if (!ffn_q8_ok(s, g, d, n))
         return 1;
@@ -1478,6 +1490,12 @@ static int ffn_q8(struct gpu_state *s, const struct strata_k_weight *g,
     a.add = s->x;
     if (fuse_next)
         fuse_norm(s, &a, next_nw);
+    for (int i = 0; i < 2 && s->next_l2; i++)
+        if (next[i]) {
+            const size_t b = (size_t)next[i]->ne1 * next[i]->nb1;
+            a.next_l2[i] = next[i]->data;
+            a.next_l2_bytes[i] = b < NEXT_L2_MAX ? b : NEXT_L2_MAX;
+        }
     prof_mark(s, ids ? "moe_down_combine" : "ffn_down");
     *rc = strata_k_matvec_q8(&s->ctx, &a, err);
     return 0;
@@ -1616,6 +1634,16 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
             next_nw = s->output_norm;
         }
         fuse_next = fuse_next && s->fuse && E % 32 == 0;
+        /* what the launches after the FFN read first: the next layer's q/k/v, or the
+         * output projection (ffn_q8's next) */
+        const struct strata_k_weight *next_w[2] = {NULL, NULL};
+        if (il + 1 < (int)s->m->hp.n_layer) {
+            const struct dev_layer *N = &s->layers[il + 1];
+            next_w[0] = N->n_qkv ? &N->wqkv : &N->wq;
+            next_w[1] = N->n_qkv == 3 ? NULL : &N->wv;
+        } else if (want_logits) {
+            next_w[0] = &s->output;
+        }
         if (D->is_moe) {
             const struct strata_hparams *hp = &s->m->hp;
             int k = s->n_used, rows = n * k;
@@ -1674,7 +1702,7 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                     goto fail;
             } else if (!ffn_q8(s, &D->gate_exps, &D->up_exps, &D->down_exps, n, k, s->eids,
                                etab, etab_slot, fuse_next, next_nw,
-                               rglu ? s->router : NULL, &rc, err)) {
+                               rglu ? s->router : NULL, next_w, &rc, err)) {
                 if (rc)
                     goto fail;
                 normed = fuse_next;
@@ -1688,7 +1716,7 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                 OP("moe_combine", strata_k_moe_combine(&s->ctx, s->eout, s->ew, n, k, E, s->x, s->x, err)))
                 goto fail;
         } else if (!ffn_q8(s, &D->gate, &D->up, &D->down, n, 1, NULL, NULL, 0, fuse_next,
-                           next_nw, NULL, &rc, err)) {
+                           next_nw, NULL, next_w, &rc, err)) {
             if (rc)
                 goto fail;
             normed = fuse_next;

@@ -354,6 +354,13 @@ struct strata_k_mvq_args {
     int route_n_expert, route_norm;
     float route_scale;
     float *route_w;
+    /* PLAIN and COMBINE mvq_kernel launches (not streamed, not GLU), or NULL: bytes
+     * [next_l2[i], + next_l2_bytes[i]) asked for in L2 by the launch's threads before its
+     * PDL wait - the weights of a launch that follows (the next layer's q/k/v after the
+     * experts' down), whose own requests then find them there.  A hint only: nothing is
+     * read back. */
+    const void *next_l2[2];
+    size_t next_l2_bytes[2];
 };
 int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_args *a,
                        struct strata_err *err);

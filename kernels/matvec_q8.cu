@@ -120,6 +120,9 @@ struct mvq_params {
     float rt_scale;
     int32_t *rt_ids;
     float *rt_w;
+    /* strata_k_mvq_args.next_l2 (mvq_kernel) */
+    const uint8_t *nl2[2];
+    size_t nl2_bytes[2];
 };
 
 /* Output value v of slot s, row r: y16's copy (mvq_params.y16) */
@@ -153,6 +156,14 @@ __global__ void __launch_bounds__(512, MODE == STRATA_K_MVQ_GLU ? 2 : 1)
                                  (size_t)min(groups * R, p.ne1 - rb) * p.nb1, threadIdx.x,
                                  blockDim.x);
     }
+    /* a later launch's weights, spread over the grid's threads (PLAIN and COMBINE: GLU
+     * keeps its registers for its own loads) */
+    for (int i = 0; i < 2 && MODE != STRATA_K_MVQ_GLU; i++)
+        if (p.nl2[i])
+            strata_prefetch_l2_bytes(
+                p.nl2[i], p.nl2_bytes[i],
+                ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x,
+                (size_t)gridDim.x * gridDim.y * blockDim.x);
     strata_pdl_wait();
     strata_pdl_trigger();
     const int32_t *ids = p.ids;
@@ -936,6 +947,10 @@ int strata_k_matvec_q8(struct strata_gpu_ctx *ctx, const struct strata_k_mvq_arg
     p.rt_scale = 0.0f;
     p.rt_ids = NULL;
     p.rt_w = NULL;
+    for (int i = 0; i < 2; i++) {
+        p.nl2[i] = (const uint8_t *)a->next_l2[i];
+        p.nl2_bytes[i] = a->next_l2_bytes[i];
+    }
     if (a->route_logits) {
         if (mode != STRATA_K_MVQ_GLU || !a->ids || a->etab || a->n_slot != a->x_group ||
             a->n_slot > 32 || a->route_n_expert < a->n_slot ||

@@ -1147,6 +1147,71 @@ static void test_router_logits_only(int n_tok, int n_expert, int n, int k, int f
     free(w); free(x); free(g); free(lg); free(y); free(q); free(pi);
 }
 
+/* A launch that asks L2 for later weights before its wait (strata_k_mvq_args.next_l2):
+ * the same output bit for bit as without, with ranges of any size and alignment. */
+static void test_next_l2(uint32_t type, int mode)
+{
+    struct strata_err err = {0, ""};
+    const int64_t ne0 = 1024, ne1 = 256;
+    const int n_exp = 4, k = 2, comb = mode == STRATA_K_MVQ_COMBINE;
+    size_t rb;
+    uint8_t *w = kt_random_rows(type, ne0, ne1 * n_exp, &rb);
+    const int n_x = comb ? k : 1;
+    float *x = (float *)malloc(sizeof(float) * ne0 * n_x);
+    kt_fill(x, ne0 * n_x, 1.0f);
+    int32_t ids[2] = {3, 1};
+    float cw[2] = {0.75f, -0.5f}, *add = (float *)malloc(sizeof(float) * ne1);
+    kt_fill(add, ne1, 1.0f);
+    const size_t xrb = strata_k_q8_row_bytes(ne0), big = (size_t)5 << 20;
+    void *dw = kt_up(w, rb * ne1 * n_exp);
+    float *dx = (float *)kt_up(x, sizeof(float) * ne0 * n_x), *dadd = (float *)kt_up(add, sizeof(float) * ne1);
+    int32_t *dids = (int32_t *)kt_up(ids, sizeof ids);
+    float *dcw = (float *)kt_up(cw, sizeof cw);
+    uint8_t *dxq = (uint8_t *)kt_dev(xrb * n_x), *other = (uint8_t *)kt_dev(big);
+    float *dy[2] = {(float *)kt_dev(sizeof(float) * ne1), (float *)kt_dev(sizeof(float) * ne1)};
+    struct strata_k_weight kw = {type, ne0, ne1, rb, rb * ne1, dw};
+    int rc = strata_k_quantize_q8(&ctx, dx, ne0, (int)ne0, n_x, 0, NULL, 0.0f, NULL, dxq, &err);
+    for (int v = 0; v < 2 && !rc; v++) {
+        kt_poison(dy[v], sizeof(float) * ne1);
+        struct strata_k_mvq_args a;
+        memset(&a, 0, sizeof(a));
+        a.w = &kw;
+        a.mode = mode;
+        a.ids = comb ? dids : NULL;
+        a.n_slot = 1;
+        a.x_group = 1;
+        a.k = comb ? k : 1;
+        a.cw = comb ? dcw : NULL;
+        a.xq = dxq;
+        a.y = dy[v];
+        a.y_stride = ne1;
+        a.add = dadd;
+        a.stage = -1;
+        if (v) { /* an odd start and length, and the weights themselves */
+            a.next_l2[0] = other + 3;
+            a.next_l2_bytes[0] = big - 7;
+            a.next_l2[1] = dw;
+            a.next_l2_bytes[1] = rb * ne1 * n_exp;
+        }
+        rc = strata_k_matvec_q8(&ctx, &a, &err);
+    }
+    KT_CUDA(cudaDeviceSynchronize());
+    float *y = (float *)malloc(2 * sizeof(float) * ne1);
+    kt_down(y, dy[0], sizeof(float) * ne1);
+    kt_down(y + ne1, dy[1], sizeof(float) * ne1);
+    int finite = 1;
+    for (int i = 0; i < ne1; i++)
+        finite &= isfinite(y[i]);
+    const int same = !memcmp(y, y + ne1, sizeof(float) * ne1);
+    ok(!rc && same && finite,
+       "matvec_q8 %s (type %u) asking L2 for later weights before its wait: output %s%s %s",
+       comb ? "COMBINE" : "PLAIN", type, same ? "equal bit for bit" : "differs",
+       finite ? "" : " (not finite)", rc ? err.msg : "");
+    cudaFree(dw); cudaFree(dx); cudaFree(dadd); cudaFree(dids); cudaFree(dcw); cudaFree(dxq);
+    cudaFree(other); cudaFree(dy[0]); cudaFree(dy[1]);
+    free(w); free(x); free(add); free(y);
+}
+
 /* One token's gate/up launch that routes the token itself (strata_k_mvq_args.
  * route_logits) against moe_route followed by the same launch on its ids: ids, weights
  * and the 8-bit SwiGLU rows equal bit for bit.  ties: every logit twice (pairs of
@@ -1424,6 +1489,8 @@ static void test_router_norm(int n_tok, int n_expert, int n, int k, int q8)
 
 static void test_q8(void)
 {
+    test_next_l2(STRATA_TYPE_Q4_K, STRATA_K_MVQ_COMBINE);
+    test_next_l2(STRATA_TYPE_Q6_K, STRATA_K_MVQ_PLAIN);
     test_router_logits_only(1, 128, 2048, 8, 1);
     test_router_logits_only(3, 60, 100, 6, 0);
     test_glu_route(STRATA_TYPE_Q4_K, 2048, 768, 128, 8, 1, 0);
