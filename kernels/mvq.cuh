@@ -104,12 +104,6 @@ static __device__ __forceinline__ void q8_store4(const float *v, int act, int gl
         ((float *)(yq + n))[b] = d;
 }
 
-/* One row by the whole block: v = norm ? x * rsqrt(mean(x^2) + eps) * w : x, written
- * as float32 to y (if not NULL) and as a q8 row to yq.  n % 32 == 0, blockDim.x % 32 ==
- * 0.  Eight lanes own a 32-value block (four values each), so that the scale needs only
- * three shuffles; loops run warp-uniformly (every lane of a warp reaches every
- * shuffle).  STAGED (y in shared memory, norm on): the first pass keeps x in y, so that
- * the second reads it there instead of from global memory again; the same values. */
 /* The norm weights norm_q8_row's thread multiplies by in its first NP passes (values
  * 32 b + 4 gl .. + 3 of its blocks b), loaded into registers ahead of their use - before
  * a PDL wait, since weights never depend on the kernel before - so that the norm's
@@ -133,6 +127,14 @@ static __device__ __forceinline__ void norm_w_preload(const float *w, int n, nor
     }
 }
 
+/* One row by the whole block: v = norm ? x * rsqrt(mean(x^2) + eps) * w : x, written
+ * as float32 to y (if not NULL) and as a q8 row to yq.  n % 32 == 0, blockDim.x % 32 ==
+ * 0.  Eight lanes own a 32-value block (four values each), so that the scale needs only
+ * three shuffles; loops run warp-uniformly (every lane of a warp reaches every
+ * shuffle).  STAGED (y in shared memory, norm on): the first pass keeps x in y, so that
+ * the second reads it there instead of from global memory again; the same values.
+ * pre (NP > 0, or NULL): the weights of the first NP passes, loaded before
+ * (norm_w_preload): the same values, read from registers. */
 template <bool VOL, bool STAGED = false, int NP = 0>
 static __device__ void norm_q8_row(const float *x, int n, int norm, const float *w, float eps,
                                    float *y, uint8_t *yq, float *scratch,
