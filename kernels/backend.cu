@@ -766,6 +766,12 @@ static int step_mv(const struct gpu_state *s, const struct strata_k_weight *w,
     return 1;
 }
 
+/* The scale of the routed experts' weights (GGUF expert_weights_scale; 0: none) */
+static float expert_wscale(const struct strata_hparams *hp)
+{
+    return hp->expert_weights_scale > 0 ? hp->expert_weights_scale : 1.0f;
+}
+
 /* Set up the fused decode step (STRATA_FUSED_STEP=1) when this model and configuration
  * can take it: every layer MoE with an F32 router and 8-bit products, the default decode
  * kernels (8-bit attention output, fused routing, norms by their own launch), every
@@ -801,7 +807,7 @@ static void step_setup(struct gpu_state *s)
     a->hd = s->hd;
     a->n_ff_exp = s->n_ff_exp;
     a->eps = s->eps;
-    a->wscale = hp->expert_weights_scale > 0 ? hp->expert_weights_scale : 1.0f;
+    a->wscale = expert_wscale(hp);
     a->rope = s->rope;
     a->x = s->x;
     a->logits = s->router;
@@ -1423,22 +1429,23 @@ static void fuse_norm(struct gpu_state *s, struct strata_k_mvq_args *a, const fl
     a->counter = s->norm_cnt;
 }
 
-/* The FFN of a mat-vec batch on 8-bit activations where its weights allow: gate and up
- * (SwiGLU) from s->xq, written as 8-bit rows; then the down projection added to s->x,
- * for routed experts (ids, weights in s->eids, s->ew) with the weighted sum of the k
- * experts in the same launch, and with the next RMSNorm (weight next_nw) fused when
- * fuse_next.  Returns 1 (nothing launched) when the weights do not take this path. */
 /* The most bytes of one weight a down launch asks L2 for (ffn_q8's next): the output
  * projection's first chunks; a q/k/v weight is smaller */
 #define NEXT_L2_MAX ((size_t)16 << 20)
 
+/* Whether ffn_q8 runs the FFN of gate g and down d for n tokens */
 static int ffn_q8_ok(struct gpu_state *s, const struct strata_k_weight *g,
                      const struct strata_k_weight *d, int n)
 {
     return mvq_ok(s, g, n) && mvq_ok(s, d, n) && g->ne1 % 32 == 0 && g->ne1 == d->ne0;
 }
 
-/* route_logits (or NULL): one token's router logits, routed by the gate/up launch itself
+/* The FFN of a mat-vec batch on 8-bit activations where its weights allow: gate and up
+ * (SwiGLU) from s->xq, written as 8-bit rows; then the down projection added to s->x,
+ * for routed experts (ids, weights in s->eids, s->ew) with the weighted sum of the k
+ * experts in the same launch, and with the next RMSNorm (weight next_nw) fused when
+ * fuse_next.  Returns 1 (nothing launched) when the weights do not take this path.
+ * route_logits (or NULL): one token's router logits, routed by the gate/up launch itself
  * (strata_k_mvq_args.route_logits), its ids and weights left in ids and s->ew.  next[2]
  * (entries may be NULL): the weights read next - the next layer's q/k/v, or the output
  * projection - that the down launch asks L2 for before its wait, at most NEXT_L2_MAX
@@ -1468,7 +1475,7 @@ static int ffn_q8(struct gpu_state *s, const struct strata_k_weight *g,
         a.route_logits = route_logits;
         a.route_n_expert = s->n_expert;
         a.route_norm = hp->expert_weights_norm;
-        a.route_scale = hp->expert_weights_scale > 0 ? hp->expert_weights_scale : 1.0f;
+        a.route_scale = expert_wscale(hp);
         a.route_w = s->ew;
     }
     prof_mark(s, ids ? "moe_gate_up" : "ffn_gate_up");
@@ -1622,32 +1629,29 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
             goto fail;
         normed = 0;
         /* the next norm fused into the down projection: the next layer's attn_norm, or
-         * output_norm when every row goes to the output */
+         * output_norm when every row goes to the output; and what the launches after the
+         * FFN read first, the next layer's q/k/v or the output projection (ffn_q8's next) */
         int fuse_next = 0;
         const float *next_nw = NULL;
-        if (il + 1 < (int)s->m->hp.n_layer) {
-            const struct dev_layer *N = &s->layers[il + 1];
-            fuse_next = mvq_ok(s, N->n_qkv ? &N->wqkv : &N->wq, n);
-            next_nw = N->attn_norm;
-        } else if (want_logits && (all || n == 1)) {
-            fuse_next = mvq_ok(s, &s->output, n);
-            next_nw = s->output_norm;
-        }
-        fuse_next = fuse_next && s->fuse && E % 32 == 0;
-        /* what the launches after the FFN read first: the next layer's q/k/v, or the
-         * output projection (ffn_q8's next) */
         const struct strata_k_weight *next_w[2] = {NULL, NULL};
         if (il + 1 < (int)s->m->hp.n_layer) {
             const struct dev_layer *N = &s->layers[il + 1];
             next_w[0] = N->n_qkv ? &N->wqkv : &N->wq;
             next_w[1] = N->n_qkv == 3 ? NULL : &N->wv;
+            fuse_next = mvq_ok(s, next_w[0], n);
+            next_nw = N->attn_norm;
         } else if (want_logits) {
             next_w[0] = &s->output;
+            if (all || n == 1) {
+                fuse_next = mvq_ok(s, &s->output, n);
+                next_nw = s->output_norm;
+            }
         }
+        fuse_next = fuse_next && s->fuse && E % 32 == 0;
         if (D->is_moe) {
             const struct strata_hparams *hp = &s->m->hp;
             int k = s->n_used, rows = n * k;
-            float wscale = hp->expert_weights_scale > 0 ? hp->expert_weights_scale : 1.0f;
+            const float wscale = expert_wscale(hp);
             /* a host-planned one-token layer: the router leaves the ids and the experts'
              * input in host memory too (strata_gpu_ec_host_route) */
             const struct strata_k_host_route *hr =
@@ -1666,10 +1670,8 @@ static int launch_forward(struct gpu_state *s, int n, int have_embd, int want_lo
                     goto fail;
             } else if (OP("moe_router", proj(s, &D->gate_inp, s->xn, E, n, s->router, s->n_expert, NULL, err)) ||
                 OP("moe_route_topk", strata_k_moe_route(&s->ctx, s->router, n, s->n_expert, k,
-                                         hp->expert_weights_norm,
-                                         hp->expert_weights_scale > 0 ? hp->expert_weights_scale
-                                                                      : 1.0f,
-                                         s->eids, s->ew, err)))
+                                         hp->expert_weights_norm, wscale, s->eids, s->ew,
+                                         err)))
                 goto fail;
             int done = 0;
             const void *const *etab = NULL;

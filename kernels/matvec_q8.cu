@@ -565,11 +565,8 @@ __global__ void __launch_bounds__(256, RG == 2 ? 4 : 2) mvq_stream_kernel(struct
     /* the norm weights do not depend on the kernel before either: the first two passes'
      * in registers (a 2,048-value row's all), the rest on their way to L2 */
     norm_wpre<2> wpre;
-    if (NORM) {
+    if (NORM)
         norm_w_preload<2>(p.inw, 32 * p.nu, &wpre);
-        for (int i = 8 * blockDim.x + 32 * threadIdx.x; i < 32 * p.nu; i += 32 * blockDim.x)
-            strata_prefetch_l2(p.inw + i);
-    }
     strata_pdl_wait();
     strata_pdl_trigger();
     if (NORM) {

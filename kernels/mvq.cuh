@@ -107,8 +107,9 @@ static __device__ __forceinline__ void q8_store4(const float *v, int act, int gl
 /* The norm weights norm_q8_row's thread multiplies by in its first NP passes (values
  * 32 b + 4 gl .. + 3 of its blocks b), loaded into registers ahead of their use - before
  * a PDL wait, since weights never depend on the kernel before - so that the norm's
- * second pass has no round trip to L2 for them.  w NULL or not 16-byte aligned: none
- * kept (norm_q8_row then reads w itself). */
+ * second pass has no round trip to L2 for them; the weights of later passes are asked
+ * for in L2.  w NULL or not 16-byte aligned: none kept (norm_q8_row then reads w
+ * itself). */
 template <int NP> struct norm_wpre {
     float4 v[NP];
     bool ok;
@@ -125,6 +126,9 @@ static __device__ __forceinline__ void norm_w_preload(const float *w, int n, nor
         pre->v[it] = pre->ok && b < nb ? *(const float4 *)(w + 32 * b + 4 * gl)
                                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
+    if (w) /* the passes after the first NP: NP * ng blocks of 32 */
+        for (int i = 32 * (NP * ng + (int)threadIdx.x); i < n; i += 32 * (int)blockDim.x)
+            strata_prefetch_l2(w + i);
 }
 
 /* One row by the whole block: v = norm ? x * rsqrt(mean(x^2) + eps) * w : x, written
